@@ -1,0 +1,36 @@
+"""envrl's environments, registered with Gymnasium.
+
+``register_envs`` is the ``gymnasium.envs`` entry point, so ``gym.make("envrl/ALFWorld-v0")``
+works without importing envrl first. ``ENV_IDS`` maps the short names used on the command
+line to the ids.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+#: short name -> (Gymnasium id, entry point, default step limit)
+ENVIRONMENTS = {
+    "alfworld": ("envrl/ALFWorld-v0", "envrl.envs.alfworld.env:ALFWorldEnv", 50),
+}
+ENV_IDS = {name: env_id for name, (env_id, _, _) in ENVIRONMENTS.items()}
+
+
+def register_envs() -> None:
+    """Register every envrl id (idempotent)."""
+    for env_id, entry_point, max_steps in ENVIRONMENTS.values():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_steps,
+                         disable_env_checker=True)
+
+
+def env_id(name: str) -> str:
+    """The Gymnasium id for a short name (``alfworld``) or an id given as is."""
+    if name in ENV_IDS:
+        return ENV_IDS[name]
+    if name in ENV_IDS.values():
+        return name
+    raise ValueError(f"unknown environment {name!r}; choose one of {sorted(ENV_IDS)}")
+
+
+register_envs()

@@ -1,0 +1,163 @@
+"""Reading (and fetching) the official ALFWorld games, ``$ALFWORLD_DATA/json_2.1.1``.
+
+The layout is the one ``alfworld-download`` makes: ``json_2.1.1/<split>/<task folder>/<trial>/``
+holding ``game.tw-pddl`` and, in the full release, ``traj_data.json`` (ALFRED's annotation,
+which ALFWorld's hand-coded expert reads) and ``initial_state.pddl``.
+
+Game selection follows ALFWorld's own loader (``AlfredTWEnv.collect_game_files``): trials
+whose folder names contain ``movable`` or ``Sliced`` are skipped, as are games without a
+``solvable`` key or marked unsolvable. ALFWorld only looks at folders with ``traj_data.json``;
+envrl also accepts folders with ``game.tw-pddl`` alone (the task type then comes from the
+folder name), which is how the training games are often shipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from envrl.envs.alfworld.tasks import TASK_TYPES, task_type_of
+
+OFFICIAL_SPLITS = ("train", "valid_seen", "valid_unseen")
+DATA_DIR_NAME = "json_2.1.1"
+
+# The official release, as alfworld 0.4.2's ``alfworld-download`` fetches it.
+RELEASE_FILES = {
+    "json_2.1.1_json.zip": "https://github.com/alfworld/alfworld/releases/download/0.2.2/json_2.1.1_json.zip",
+    "json_2.1.2_tw-pddl.zip": "https://github.com/alfworld/alfworld/releases/download/0.4.0/json_2.1.2_tw-pddl.zip",
+}
+# Games per split in the full release (alfworld's README); a download is checked against them.
+RELEASE_GAME_COUNTS = {"train": 3553, "valid_seen": 140, "valid_unseen": 134}
+
+
+class OfficialDataError(RuntimeError):
+    """``ALFWORLD_DATA`` is missing, incomplete or corrupt; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class OfficialGame:
+    task_id: str
+    task_type: str
+    path: Path
+    traj_data: Path | None
+
+
+def data_root(path: str | os.PathLike | None = None) -> Path | None:
+    """The ``json_2.1.1`` folder under ``path`` or ``$ALFWORLD_DATA``; None when not configured."""
+    base = path if path is not None else os.environ.get("ALFWORLD_DATA")
+    if not base:
+        return None
+    base = Path(base).expanduser()
+    root = base / DATA_DIR_NAME if (base / DATA_DIR_NAME).is_dir() or base.name != DATA_DIR_NAME else base
+    if not root.is_dir():
+        raise OfficialDataError(
+            f"ALFWORLD_DATA={base} has no {DATA_DIR_NAME}/ folder. Run `envrl data alfworld --download` "
+            f"(needs internet), point ALFWORLD_DATA at a copy of the official data, or unset it to use "
+            f"envrl's built-in games."
+        )
+    return root
+
+
+def official_games(root: Path, split: str) -> list[OfficialGame]:
+    """The split's playable games in a fixed order (sorted by path)."""
+    if split not in OFFICIAL_SPLITS:
+        raise ValueError(f"unknown official ALFWorld split {split!r}; choose one of {OFFICIAL_SPLITS}")
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise OfficialDataError(f"{split_dir} does not exist: the official data in {root} is incomplete")
+    games: list[OfficialGame] = []
+    skipped_corrupt: list[str] = []
+    for game_file in sorted(split_dir.glob("*/*/game.tw-pddl")):
+        trial_dir = game_file.parent
+        relative = trial_dir.relative_to(split_dir).as_posix()
+        if "movable" in relative or "Sliced" in relative:
+            continue
+        traj_file = trial_dir / "traj_data.json"
+        try:
+            task_type = _task_type(trial_dir, traj_file)
+            if task_type not in TASK_TYPES:
+                continue
+            if not _is_solvable(game_file):
+                continue
+        except (OSError, ValueError, KeyError) as error:
+            skipped_corrupt.append(f"{relative} ({type(error).__name__}: {error})")
+            continue
+        games.append(
+            OfficialGame(
+                task_id=f"official:{split}/{relative}",
+                task_type=task_type,
+                path=game_file,
+                traj_data=traj_file if traj_file.is_file() else None,
+            )
+        )
+    if skipped_corrupt:
+        warnings.warn(
+            f"skipped {len(skipped_corrupt)} unreadable game(s) in {split_dir}: " + "; ".join(skipped_corrupt[:5]),
+            stacklevel=2,
+        )
+    if not games:
+        raise OfficialDataError(f"no playable games in {split_dir}: the official data in {root} looks corrupt")
+    return games
+
+
+def _task_type(trial_dir: Path, traj_file: Path) -> str:
+    if traj_file.is_file():
+        with open(traj_file, encoding="utf-8") as handle:
+            return json.load(handle)["task_type"]
+    return task_type_of(trial_dir.parent.name)
+
+
+def _is_solvable(game_file: Path) -> bool:
+    with open(game_file, encoding="utf-8") as handle:
+        game = json.load(handle)
+    for key in ("pddl_domain", "grammar", "pddl_problem"):
+        if key not in game:
+            raise KeyError(key)
+    return bool(game.get("solvable", False))
+
+
+def download(dest: Path | None = None, timeout: float = 30.0) -> Path:
+    """Fetch and unpack the official games into ``dest`` (default ``$ALFWORLD_DATA``), then verify.
+
+    Raises ``OfficialDataError`` with a plain explanation when the release cannot be reached.
+    """
+    dest = Path(dest or os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "alfworld").expanduser()
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest) as scratch:
+        for name, url in RELEASE_FILES.items():
+            archive = Path(scratch) / name
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response, open(archive, "wb") as out:
+                    shutil.copyfileobj(response, out)
+            except (urllib.error.URLError, TimeoutError, OSError) as error:
+                raise OfficialDataError(
+                    f"cannot download the official ALFWorld data ({url}): {error}. This machine seems to "
+                    f"have no internet access; copy json_2.1.1 from a machine that has, set ALFWORLD_DATA "
+                    f"to it, or leave ALFWORLD_DATA unset to use envrl's built-in games."
+                ) from error
+            try:
+                with zipfile.ZipFile(archive) as bundle:
+                    bundle.extractall(dest)
+            except zipfile.BadZipFile as error:
+                raise OfficialDataError(f"{url} did not give a valid zip archive: {error}") from error
+    verify(dest)
+    return dest
+
+
+def verify(path: Path) -> dict[str, int]:
+    """Count the playable games per split; raise if a split is missing or smaller than released."""
+    root = data_root(path)
+    assert root is not None
+    counts = {split: len(official_games(root, split)) for split in OFFICIAL_SPLITS}
+    short = {s: n for s, n in counts.items() if n < RELEASE_GAME_COUNTS[s]}
+    if short:
+        raise OfficialDataError(f"incomplete official data in {root}: {short} games (expected {RELEASE_GAME_COUNTS})")
+    return counts

@@ -1,0 +1,235 @@
+"""The environment contract every envrl environment follows (see DESIGN.md).
+
+An envrl environment is a ``gymnasium.Env`` whose observations and actions are plain
+strings. Subclasses implement three small hooks (``_split_task_ids``, ``_start_task`` and
+``_apply``); this base class owns everything that must behave the same across engines:
+
+* the text spaces,
+* choosing a task from ``seed`` or ``options["task_id"]``,
+* screening actions (wrong type, too long) so that no input can crash an engine,
+* the ``info`` keys, filled the same way for every env.
+
+Step limits are not enforced here: every id is registered with its default limit, so
+``gym.make`` wraps the env in Gymnasium's own ``TimeLimit`` (``truncated=True``), and
+``gym.make(..., max_episode_steps=N)`` changes it. One mechanism, the standard one.
+"""
+
+from __future__ import annotations
+
+import string
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import gymnasium as gym
+
+# Documented bounds of the text spaces. An action longer than MAX_ACTION_LENGTH is not
+# passed to the engine: it returns feedback instead (a 1 MB string must not stall a step).
+MAX_ACTION_LENGTH = 1024
+MAX_OBSERVATION_LENGTH = 1 << 20
+
+INFO_KEYS = (
+    "task_id",
+    "task_type",
+    "split",
+    "instruction",
+    "admissible_actions",
+    "valid_action",
+    "success",
+    "score",
+    "step",
+)
+
+
+class FreeText(gym.spaces.Text):
+    """A text space that contains any ``str`` up to ``max_length`` characters.
+
+    ``gymnasium.spaces.Text`` only contains strings over its charset; agents' actions and
+    engines' observations use arbitrary Unicode, so membership here only bounds the length.
+    ``sample()`` still draws printable ASCII, which is what ``check_env`` needs.
+    """
+
+    def __init__(self, max_length: int, seed: int | None = None):
+        super().__init__(max_length=max_length, min_length=0, charset=string.printable, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"FreeText(max_length={self.max_length})"
+
+
+@dataclass
+class StepResult:
+    """What an engine reports for one applied action (before the base adds the common keys)."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    valid_action: bool
+    success: bool
+    score: float
+    admissible_actions: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskStart:
+    """What an engine reports when a task starts."""
+
+    observation: str
+    task_type: str
+    instruction: str
+    admissible_actions: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class of the envrl environments; see the module docstring for the contract."""
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
+
+    #: feedback for an action the engine cannot use
+    INVALID_FEEDBACK = "Nothing happens."
+
+    def __init__(self, split: str, render_mode: str | None = None):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.render_mode = render_mode
+        self.split = split
+        self.observation_space = FreeText(MAX_OBSERVATION_LENGTH)
+        self.action_space = FreeText(MAX_ACTION_LENGTH)
+        self._task_id: str | None = None
+        self._task_type = ""
+        self._instruction = ""
+        self._steps = 0
+        self._last_observation = ""
+        self._last_info: dict[str, Any] = {}
+
+    # ---- hooks for subclasses -------------------------------------------------------
+
+    @abstractmethod
+    def _split_task_ids(self) -> Sequence[str]:
+        """The split's fixed, ordered task ids."""
+
+    @abstractmethod
+    def _start_task(self, task_id: str) -> TaskStart:
+        """Load ``task_id`` into the engine and return its first observation."""
+
+    @abstractmethod
+    def _apply(self, action: str) -> StepResult:
+        """Apply a screened action (a ``str`` within the length limit)."""
+
+    # ---- public API ------------------------------------------------------------------
+
+    @property
+    def task_ids(self) -> Sequence[str]:
+        """The split's task ids, in their fixed order."""
+        return self._split_task_ids()
+
+    @property
+    def task_id(self) -> str | None:
+        return self._task_id
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task_id = self._choose_task(options or {})
+        start = self._start_task(task_id)
+        self._task_id = task_id
+        self._task_type = start.task_type
+        self._instruction = start.instruction
+        self._steps = 0
+        info = self._info(
+            admissible_actions=start.admissible_actions,
+            valid_action=True,
+            success=False,
+            score=0.0,
+            extra=start.extra,
+        )
+        self._remember(start.observation, info)
+        return start.observation, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._task_id is None:
+            raise gym.error.ResetNeeded("Call reset() before step().")
+        self._steps += 1
+        problem = self._screen(action)
+        if problem is not None:
+            previous = self._last_info
+            info = self._info(
+                admissible_actions=previous.get("admissible_actions", []),
+                valid_action=False,
+                success=bool(previous.get("success", False)),
+                score=float(previous.get("score", 0.0)),
+                extra={"feedback": problem},
+            )
+            self._remember(problem, info)
+            return problem, 0.0, False, False, info
+        result = self._apply(action)
+        info = self._info(
+            admissible_actions=result.admissible_actions,
+            valid_action=result.valid_action,
+            success=result.success,
+            score=result.score,
+            extra=result.extra,
+        )
+        self._remember(result.observation, info)
+        return result.observation, float(result.reward), bool(result.terminated), False, info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._last_observation
+        if self.render_mode == "human":
+            print(self._last_observation)
+        return None
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _choose_task(self, options: dict[str, Any]) -> str:
+        task_ids = self._split_task_ids()
+        if not task_ids:
+            raise RuntimeError(f"split {self.split!r} of {type(self).__name__} has no tasks")
+        if options.get("task_id") is not None:
+            task_id = str(options["task_id"])
+            if task_id not in self._task_index():
+                sample = ", ".join(list(task_ids)[:3])
+                raise ValueError(
+                    f"unknown task id {task_id!r} for split {self.split!r} "
+                    f"({len(task_ids)} tasks; ids look like: {sample})"
+                )
+            return task_id
+        index = int(self.np_random.integers(len(task_ids)))
+        return task_ids[index]
+
+    def _task_index(self) -> set[str] | dict[str, Any]:
+        """Set of task ids for membership tests; subclasses may cache a faster one."""
+        return set(self._split_task_ids())
+
+    def _screen(self, action: Any) -> str | None:
+        """Feedback for an action that must not reach the engine, or None if it may."""
+        if not isinstance(action, str):
+            return f"Invalid action: expected text, got {type(action).__name__}."
+        if len(action) > MAX_ACTION_LENGTH:
+            return f"Invalid action: {len(action)} characters (the limit is {MAX_ACTION_LENGTH})."
+        return None
+
+    def _info(self, *, admissible_actions: list[str], valid_action: bool, success: bool, score: float,
+              extra: dict[str, Any]) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "task_id": self._task_id,
+            "task_type": self._task_type,
+            "split": self.split,
+            "instruction": self._instruction,
+            "admissible_actions": list(admissible_actions),
+            "valid_action": bool(valid_action),
+            "success": bool(success),
+            "score": float(score),
+            "step": self._steps,
+        }
+        info.update(extra)
+        return info
+
+    def _remember(self, observation: str, info: dict[str, Any]) -> None:
+        self._last_observation = observation
+        self._last_info = info
+
