@@ -220,6 +220,26 @@ def alfred_wrappers() -> list:
     return [AlfredDemangler(shuffle=False), AlfredInfos]
 
 
+def handcoded_expert_wrapper(env: Any) -> Any:
+    """Wrap ``env`` in ALFWorld's hand-coded expert, with its drift bug fixed.
+
+    ALFWorld 0.4's hand-coded expert tracks its inventory by looking for ``put`` in the last
+    command, but the 0.4 grammar says ``move X to Y``: after its first placement it still
+    believes it holds the object, so ``pick_two_obj_and_place`` never finishes. The fix
+    reports placements to the expert in the wording it understands.
+    """
+    from alfworld.agents.environment.alfred_tw_env import AlfredExpert, AlfredExpertType
+
+    class HandCodedExpert(AlfredExpert):
+        def step(self, command: str):
+            self.state, reward, done = textworld.core.Wrapper.step(self, command)
+            self.prev_command = translate_command(str(command).strip(), "put")
+            self._gather_infos()
+            return self.state, reward, done
+
+    return HandCodedExpert(env, expert_type=AlfredExpertType.HANDCODED)
+
+
 def start_engine(infos: EnvInfos, stock: bool = False) -> textworld.Environment:
     """An unloaded ALFWorld engine (envrl's, or the stock one for comparisons)."""
     env: Any = stock_pddl.PddlEnv(infos) if stock else AlfredEngine(infos)

@@ -109,6 +109,11 @@ class ALFWorldEnv(TextEnv):
             self._games = {game.task_id: game for game in games}
         return self._games
 
+    @property
+    def games(self) -> list[GameRef]:
+        """The split's games (task id, task type, game file), in the split's order."""
+        return list(self._game_index().values())
+
     def _split_task_ids(self) -> Sequence[str]:
         return list(self._game_index())
 
@@ -120,11 +125,7 @@ class ALFWorldEnv(TextEnv):
     def _make_engine(self, handcoded: bool) -> Any:
         infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
         tw_env = engine_lib.start_engine(infos)
-        if handcoded:
-            from alfworld.agents.environment.alfred_tw_env import AlfredExpert, AlfredExpertType
-
-            tw_env = AlfredExpert(tw_env, expert_type=AlfredExpertType.HANDCODED)
-        return tw_env
+        return engine_lib.handcoded_expert_wrapper(tw_env) if handcoded else tw_env
 
     def _start_task(self, task_id: str) -> TaskStart:
         game = self._game_index()[task_id]
@@ -182,7 +183,8 @@ class ALFWorldEnv(TextEnv):
         if self._won:
             return []
         if self.expert_type == "handcoded":
-            return list(state.get("extra.expert_plan") or [])
+            plan = state.get("extra.expert_plan") or []
+            return [engine_lib.translate_command(a, self.command_style) for a in plan]
         if fresh and walkthrough:
             return list(walkthrough)
         if not fresh:

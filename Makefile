@@ -1,0 +1,39 @@
+# The README's two commands. Both set everything up on a fresh machine: a virtual
+# environment in .venv, envrl installed into it (editable, with test extras), then the job.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.envrl-installed
+RUNS_DIR ?= runs/demo
+WORKERS ?= 2
+
+# Tests: fast ones by default; CI (CI=true) also runs the slow ones.
+ifeq ($(CI),true)
+MARKERS ?= not browser and not container
+else
+MARKERS ?= not slow and not browser and not container
+endif
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Random and expert agents on the built-in ALFWorld ID and OOD splits, then the leaderboard.
+demo: $(STAMP)
+	env -u ALFWORLD_DATA $(BIN)/envrl eval --env alfworld --split valid_seen --agent expert --episodes 140 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	env -u ALFWORLD_DATA $(BIN)/envrl eval --env alfworld --split valid_unseen --agent expert --episodes 134 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	env -u ALFWORLD_DATA $(BIN)/envrl eval --env alfworld --split valid_seen --agent random --episodes 140 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	env -u ALFWORLD_DATA $(BIN)/envrl eval --env alfworld --split valid_unseen --agent random --episodes 134 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl leaderboard --runs-dir $(RUNS_DIR)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "$(MARKERS)"
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,187 @@
+"""The ``envrl`` command.
+
+    envrl eval --env alfworld --split valid_unseen --agent expert --episodes 20 --workers 4
+    envrl leaderboard [--format text|markdown|json]
+    envrl data alfworld --download [--dest DIR]
+
+Exit codes: 0 success, 1 the run could not go on (e.g. locked by another process),
+2 bad input (one line on stderr, never a traceback), 130 interrupted (Ctrl-C / SIGTERM;
+everything finished so far is kept; the same command resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors exit through :class:`_UsageError` so ``main`` returns a code."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        raise _UsageError(f"{self.prog}: error: {message}")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _fail(prog: str, message: str, code: int = EXIT_USAGE) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="envrl", description="Text environments for LLM agents: evaluation and data.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    ev = sub.add_parser("eval", help="evaluate an agent on an env split (resumable)",
+                        description="Play N episodes and record them; re-running the same command resumes. "
+                                    "Episode i plays task_ids[i %% len(task_ids)] with seed S + i.")
+    ev.add_argument("--env", required=True, help="env name (e.g. alfworld) or gymnasium id")
+    ev.add_argument("--split", required=True, help="split name (e.g. valid_unseen)")
+    ev.add_argument("--agent", required=True, help="agent spec (e.g. random, expert)")
+    ev.add_argument("--episodes", type=int, required=True, help="number of episodes (>= 1)")
+    ev.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    ev.add_argument("--seed", type=int, default=0, help="base seed; episode i uses seed + i (default 0)")
+    ev.add_argument("--run-id", default=None, help="run id (default: <env>-<split>-<agent>-s<seed>)")
+    ev.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
+    ev.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the env's)")
+    ev.add_argument("--episode-timeout", type=float, default=None,
+                    help="seconds before an episode's worker is killed and the episode retried (default none)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.set_defaults(handler=_cmd_eval)
+
+    lb = sub.add_parser("leaderboard", help="all recorded runs as one table")
+    lb.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    lb.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
+    lb.set_defaults(handler=_cmd_leaderboard)
+
+    # ---- data: fetching official datasets ---------------------------------------------
+    # One positional per dataset; each calls its env package's download(dest: Path) -> None.
+    data = sub.add_parser("data", help="download official datasets")
+    data.add_argument("dataset", choices=("alfworld",), help="which dataset")
+    data.add_argument("--download", action="store_true", help="download it")
+    data.add_argument("--dest", default=None,
+                      help="where to put it (default $ALFWORLD_DATA, else ~/.cache/alfworld)")
+    data.set_defaults(handler=_cmd_data)
+    return parser
+
+
+# ---- eval --------------------------------------------------------------------------------
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from envrl.evaluation.runner import EvaluationError, RunFailed, run_evaluation
+    from envrl.evaluation.store import RunLocked
+
+    prog = "envrl eval"
+    if args.episodes < 1:
+        return _fail(prog, f"--episodes must be >= 1, got {args.episodes}")
+    if args.workers < 1:
+        return _fail(prog, f"--workers must be >= 1, got {args.workers}")
+    if args.max_steps is not None and args.max_steps < 1:
+        return _fail(prog, f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.episode_timeout is not None and args.episode_timeout <= 0:
+        return _fail(prog, f"--episode-timeout must be > 0, got {args.episode_timeout}")
+    env_kwargs: dict[str, Any] = {}
+    if args.max_steps is not None:
+        env_kwargs["max_episode_steps"] = args.max_steps
+    try:
+        summary = run_evaluation(
+            args.env, args.split, args.agent, episodes=args.episodes, workers=args.workers, seed=args.seed,
+            run_id=args.run_id, runs_dir=args.runs_dir, env_kwargs=env_kwargs, progress=not args.no_progress,
+            episode_timeout=args.episode_timeout,
+        )
+    except EvaluationError as exc:
+        return _fail(prog, str(exc))
+    except (RunLocked, RunFailed) as exc:
+        return _fail(prog, str(exc), EXIT_FAILED)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    print(summary.format())
+    return EXIT_OK
+
+
+# ---- leaderboard -------------------------------------------------------------------------
+
+
+def _cmd_leaderboard(args: argparse.Namespace) -> int:
+    from envrl.evaluation.leaderboard import leaderboard
+
+    print(leaderboard(args.runs_dir, args.format))
+    return EXIT_OK
+
+
+# ---- data (official datasets) ------------------------------------------------------------
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    prog = f"envrl data {args.dataset}"
+    if not args.download:
+        return _fail(prog, "nothing to do; pass --download to fetch the dataset")
+    if args.dataset == "alfworld":
+        dest = Path(args.dest or os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "alfworld")
+        try:
+            from envrl.envs.alfworld.official import download
+        except ImportError as exc:
+            return _fail(prog, f"the ALFWorld downloader is not available ({exc})", EXIT_FAILED)
+        try:
+            result = download(dest)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        except Exception as exc:  # network, disk, checksum: one line, not a traceback
+            return _fail(prog, f"download failed: {' '.join(str(exc).split()) or type(exc).__name__}", EXIT_FAILED)
+        if isinstance(result, (str, os.PathLike)):
+            dest = Path(result)
+        print(f"ALFWorld data in {dest}; use it with: export ALFWORLD_DATA={dest}")
+        return EXIT_OK
+    return _fail(prog, f"unknown dataset {args.dataset!r}")  # pragma: no cover - argparse checks choices
+
+
+# ---- entry point -------------------------------------------------------------------------
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``envrl`` command; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    log = logging.getLogger("envrl")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("envrl: %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    previous = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        return args.handler(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,672 @@
+"""Evaluation runs: play N episodes of one env split with one agent in K worker processes.
+
+Which episode plays what
+    Episode ``i`` (0-based) of a run plays task ``task_ids[i % len(task_ids)]`` of the split
+    (the env's fixed, ordered ``env.unwrapped.task_ids``), resetting the env with
+    ``seed=seed + i`` and ``options={"task_id": ...}`` and the agent with ``seed=seed + i``.
+    So a run is a pure function of (env, split, agent, seed, env kwargs, episodes), however
+    many workers play it and in whatever order episodes finish.
+
+Workers
+    Episodes are played in ``workers`` separate processes (the ALFWorld engine is not
+    thread-safe), started with the ``forkserver`` method where available, else ``spawn``
+    (never plain ``fork``: safe when the parent runs threads). Each worker builds its agent
+    and env once and reuses them; after an episode that raised, it rebuilds both. Each worker
+    talks to the parent over its own pipe, so one dying cannot corrupt the others' traffic.
+
+Failures
+    * An exception in the env or the agent ends that episode: it is recorded with ``error``
+      set (a failure) and the run goes on.
+    * A worker process that dies during an episode (SIGKILL, a segfault in the engine, the
+      OOM killer, or the optional ``episode_timeout``) is noticed through its process
+      sentinel: a message is printed, a replacement worker is started and the episode is
+      played once more; if it kills its worker again it is recorded with ``error`` set.
+    * Ctrl-C (KeyboardInterrupt) stops the workers at once and closes the run; every episode
+      finished so far is on disk and KeyboardInterrupt propagates to the caller.
+
+Resume
+    Results go to a :class:`~envrl.evaluation.store.RunWriter` as they finish. The default
+    run id is derived from (env, split, agent, seed), so running the same command again
+    reopens the run and plays only the episodes it has not recorded.
+
+Notes
+    * The agent and the env are also built once in the calling process, to check the input
+      (unknown split or agent fail fast, with a one-line message) and to read the task list
+      and the agent's ``env_kwargs``; agents with heavy state should load it lazily.
+    * Worker processes import the caller's main module, as with any spawn/forkserver pool:
+      a script that calls :func:`run_evaluation` must do so under
+      ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import re
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Union
+
+from envrl.evaluation.metrics import MetricsReport, compute_metrics, report_table
+from envrl.evaluation.store import (
+    EpisodeRecord,
+    ResultStore,
+    RunConfigMismatch,
+    StepRecord,
+    package_versions,
+)
+
+#: an agent spec for ``envrl.agents.make_agent`` ("random", "expert", "hf:...", ...), or a
+#: picklable zero-argument callable that returns an agent (a top-level class or function)
+AgentSpec = Union[str, Callable[[], Any]]
+
+#: engine packages whose versions a run records, by short env name
+ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
+    "alfworld": ("alfworld", "textworld"),
+    "webshop": ("flask", "bm25s", "rapidfuzz"),
+    "scienceworld": ("scienceworld",),
+    "textworld": ("textworld",),
+}
+
+#: how often an episode whose worker died is played again before it is recorded as failed
+MAX_RETRIES = 1
+
+#: an episode that has not ended after this many steps is stopped (an env without step limit)
+HARD_STEP_CAP = 10_000
+
+#: longest error message kept in a record
+MAX_ERROR_LENGTH = 500
+
+
+class EvaluationError(ValueError):
+    """Bad input to an evaluation (unknown env, split or agent, episodes < 1, ...)."""
+
+
+class RunFailed(RuntimeError):
+    """The run could not go on (e.g. worker processes cannot start)."""
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run_evaluation` returns: the run's episodes ``0..episodes-1`` and metrics."""
+
+    run_id: str
+    run_dir: Path
+    env_id: str
+    split: str
+    agent: str
+    episodes_planned: int
+    episodes_done: int
+    episodes_played: int
+    errors: int
+    wall_time: float
+    metrics: MetricsReport
+    records: list[EpisodeRecord] = field(default_factory=list, repr=False)
+
+    def format(self) -> str:
+        """The text the CLI prints at the end of a run."""
+        lines = [
+            f"run {self.run_id}: {self.env_id} split={self.split} agent={self.agent}",
+            f"episodes: {self.episodes_done}/{self.episodes_planned} recorded "
+            f"({self.episodes_played} played now in {self.wall_time:.1f}s, {self.errors} with errors)",
+            f"results: {self.run_dir}",
+            "",
+            report_table(self.metrics),
+        ]
+        return "\n".join(lines)
+
+
+# ---- names and ids ---------------------------------------------------------------------
+
+
+def _env_ids() -> tuple[dict[str, str], str | None]:
+    try:
+        from envrl.envs import ENV_IDS
+    except ImportError as exc:
+        return {}, f"{type(exc).__name__}: {exc}"
+    return dict(ENV_IDS), None
+
+
+def resolve_env(env: str) -> tuple[str, str]:
+    """``(short name, gymnasium id)`` for a short name ("alfworld"), a registered id, or a
+    ``"module:id"`` id (gymnasium imports the module first; used by tests and plugins)."""
+    import gymnasium as gym
+
+    ids, problem = _env_ids()
+    if env in ids:
+        return env, ids[env]
+    lowered = {name.lower(): name for name in ids}
+    if env.lower() in lowered:
+        name = lowered[env.lower()]
+        return name, ids[name]
+    for name, env_id in ids.items():
+        if env == env_id:
+            return name, env_id
+    if ":" in env or env in gym.registry:
+        return env, env
+    known = ", ".join(sorted(ids)) if ids else f"none (envrl.envs could not be imported: {problem})"
+    raise EvaluationError(f"unknown env {env!r}; known envs: {known}")
+
+
+def default_run_id(env: str, split: str, agent: str, seed: int) -> str:
+    """``<env>-<split>-<agent>-s<seed>`` with characters other than ``[A-Za-z0-9._-]`` as
+    ``_`` (e.g. ``alfworld-valid_unseen-expert-s0``). The same command gives the same id,
+    which is what makes re-running it resume."""
+    raw = f"{env}-{split}-{agent}-s{seed}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("._") or "run"
+
+
+def _check_run_id(run_id: str) -> None:
+    if not run_id or run_id in (".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
+        raise EvaluationError(f"invalid run id {run_id!r}: it names a directory, so no slashes")
+
+
+def _envrl_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("envrl")
+    except metadata.PackageNotFoundError:
+        try:
+            import envrl
+
+            return str(getattr(envrl, "__version__", "unknown"))
+        except ImportError:  # pragma: no cover
+            return "unknown"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or repr(exc)
+    if isinstance(exc, KeyError) and len(exc.args) == 1:
+        text = str(exc.args[0])
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_one_line(exc)}"
+
+
+# ---- building agents and envs (in the parent for checking, in each worker for playing) ---
+
+
+def _build_agent(agent_spec: AgentSpec, env_name: str) -> Any:
+    if isinstance(agent_spec, str):
+        from envrl.agents import make_agent
+
+        return make_agent(agent_spec, env_name)
+    return agent_spec()
+
+
+def _build_env(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> Any:
+    import gymnasium as gym
+
+    return gym.make(env_id, split=split, **dict(env_kwargs))
+
+
+def _close(obj: Any) -> None:
+    close = getattr(obj, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            pass
+
+
+def _agent_label(agent_spec: AgentSpec, agent: Any) -> str:
+    if isinstance(agent_spec, str):
+        return agent_spec
+    return str(getattr(agent, "name", None) or getattr(agent_spec, "__name__", type(agent).__name__))
+
+
+# ---- the worker process ----------------------------------------------------------------
+
+
+def _worker_main(conn: Any, env_id: str, split: str, env_kwargs: dict[str, Any], agent_spec: AgentSpec,
+                 env_name: str, run_id: str, agent_label: str) -> None:
+    """Entry point of a worker process: build once, then play episodes until told to stop."""
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    global _PARENT_PID
+    _PARENT_PID = os.getppid()
+    try:
+        agent = _build_agent(agent_spec, env_name)
+        env = _build_env(env_id, split, env_kwargs)
+    except Exception as exc:
+        try:
+            conn.send(("init_error", _describe(exc)))
+        except OSError:
+            pass
+        return
+    try:
+        conn.send(("ready", os.getpid()))
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break  # the parent is gone
+            if message[0] != "play":
+                break
+            _, index, task_id, seed = message
+            record, broken = _play_episode(conn, env, agent, run_id=run_id, index=index, env_id=env_id,
+                                           split=split, task_id=task_id, seed=seed, agent_label=agent_label)
+            try:
+                conn.send(("done", record.to_dict()))
+            except (BrokenPipeError, OSError):
+                break
+            if broken:  # an exception may have left the engine or the agent in a bad state
+                _close(env)
+                _close(agent)
+                agent = _build_agent(agent_spec, env_name)
+                env = _build_env(env_id, split, env_kwargs)
+    finally:
+        _close(env)
+        _close(agent)
+
+
+#: the worker's parent (the runner, or the forkserver, which exits with the runner)
+_PARENT_PID: int | None = None
+
+
+def _orphaned() -> bool:
+    """True in a worker whose runner is gone: its episode is then pointless, so it exits."""
+    return _PARENT_PID is not None and os.getppid() != _PARENT_PID
+
+
+def _play_episode(conn: Any, env: Any, agent: Any, *, run_id: str, index: int, env_id: str, split: str,
+                  task_id: str, seed: int, agent_label: str) -> tuple[EpisodeRecord, bool]:
+    """Play one episode; returns its record and whether it ended in an exception."""
+    start = time.perf_counter()
+    trajectory: list[StepRecord] = []
+    task_type = ""
+    initial_observation = ""
+    success = False
+    score = 0.0
+    error: str | None = None
+    raised = False
+    try:
+        observation, info = env.reset(seed=seed, options={"task_id": task_id})
+        task_type = str(info.get("task_type", ""))
+        initial_observation = str(observation)
+        conn.send(("started", index, task_type))
+        agent.reset(seed=seed)
+        while True:
+            if _orphaned():
+                os._exit(0)
+            action = agent.act(observation, info)
+            observation, reward, terminated, truncated, info = env.step(action)
+            trajectory.append(StepRecord(action=str(action), observation=str(observation), reward=float(reward),
+                                         valid=bool(info.get("valid_action", True))))
+            success = bool(info.get("success", False))
+            score = float(info.get("score", 0.0))
+            if terminated or truncated:
+                break
+            if len(trajectory) >= HARD_STEP_CAP:
+                error = f"episode did not end within {HARD_STEP_CAP} steps (no step limit?)"
+                break
+    except Exception as exc:
+        error = _describe(exc)
+        raised = True
+    if error is not None:
+        success = False
+    turns = len(trajectory)
+    record = EpisodeRecord(
+        run_id=run_id, episode_index=index, env_id=env_id, split=split, task_id=task_id, task_type=task_type,
+        seed=seed, agent=agent_label, success=success, score=score, turns=turns,
+        valid_action_ratio=(sum(s.valid for s in trajectory) / turns) if turns else None,
+        wall_time=time.perf_counter() - start, error=error, trajectory=trajectory,
+        initial_observation=initial_observation, finished_at=time.time(),
+    )
+    return record, raised
+
+
+# ---- the parent side -------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    index: int
+    task_id: str
+    seed: int
+    attempts: int = 0
+
+
+class _Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, ctx: Any, args: tuple) -> None:
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child_conn, *args), name="envrl-eval-worker")
+        self.proc.start()
+        child_conn.close()
+        self.conn = parent_conn
+        self.ready = False
+        self.job: _Job | None = None
+        self.job_started = 0.0
+        self.task_type = ""
+        self.kill_reason: str | None = None
+
+    def assign(self, job: _Job) -> bool:
+        """Send ``job`` to the worker; False if it is already gone (its death is noticed next)."""
+        try:
+            self.conn.send(("play", job.index, job.task_id, job.seed))
+        except (BrokenPipeError, ConnectionError, OSError):
+            self.ready = False
+            return False
+        self.job = job
+        self.job_started = time.monotonic()
+        self.task_type = ""
+        return True
+
+    def stop(self, graceful: bool) -> None:
+        if graceful and self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def _say(message: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+
+
+def _start_method() -> str:
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+class _Pool:
+    """Plays jobs in worker processes and hands each finished record to ``on_record``."""
+
+    def __init__(self, size: int, worker_args: tuple, on_record: Callable[[EpisodeRecord], None], *,
+                 run_id: str, env_id: str, split: str, agent_label: str, episode_timeout: float | None,
+                 start_method: str) -> None:
+        self.ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            # workers fork from a server that already imported this module: fast start-up
+            self.ctx.set_forkserver_preload(["envrl.evaluation.runner"])
+        self.size = size
+        self.worker_args = worker_args
+        self.on_record = on_record
+        self.run_id, self.env_id, self.split, self.agent_label = run_id, env_id, split, agent_label
+        self.episode_timeout = episode_timeout
+        self.workers: list[_Worker] = []
+        self.pending: deque[_Job] = deque()
+        self.startup_failures = 0
+
+    def run(self, jobs: list[_Job]) -> None:
+        self.pending.extend(jobs)
+        graceful = False
+        try:
+            while self.pending or any(w.job is not None for w in self.workers):
+                self._top_up()
+                self._dispatch()
+                self._wait_and_handle()
+            graceful = True
+        finally:
+            for worker in self.workers:
+                worker.stop(graceful)
+            self.workers.clear()
+
+    def _top_up(self) -> None:
+        busy = sum(1 for w in self.workers if w.job is not None)
+        target = min(self.size, busy + len(self.pending))
+        while len(self.workers) < target:
+            self.workers.append(_Worker(self.ctx, self.worker_args))
+
+    def _dispatch(self) -> None:
+        for worker in self.workers:
+            if self.pending and worker.ready and worker.job is None:
+                job = self.pending.popleft()
+                if not worker.assign(job):
+                    self.pending.appendleft(job)
+
+    def _wait_and_handle(self) -> None:
+        waitables: list[Any] = []
+        for worker in self.workers:
+            waitables += [worker.conn, worker.proc.sentinel]
+        timeout = 1.0 if self.episode_timeout is None else min(1.0, max(0.05, self.episode_timeout / 4))
+        ready = set(mp.connection.wait(waitables, timeout=timeout))
+        now = time.monotonic()
+        for worker in list(self.workers):
+            lost = False
+            if worker.conn in ready:
+                try:
+                    while worker.conn.poll():
+                        self._handle_message(worker, worker.conn.recv())
+                except (EOFError, OSError):
+                    lost = True
+            if worker.proc.sentinel in ready:
+                lost = True
+            if lost:
+                self._handle_death(worker)
+            elif (self.episode_timeout is not None and worker.job is not None
+                  and now - worker.job_started > self.episode_timeout and worker.kill_reason is None):
+                worker.kill_reason = f"the episode exceeded its {self.episode_timeout:g}s timeout"
+                worker.proc.kill()
+
+    def _handle_message(self, worker: _Worker, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
+            worker.ready = True
+        elif kind == "started":
+            worker.task_type = str(message[2])
+        elif kind == "done":
+            record = EpisodeRecord.from_dict(message[1])
+            worker.job = None
+            self.startup_failures = 0
+            self.on_record(record)
+        elif kind == "init_error":
+            raise RunFailed(f"a worker process could not build the agent and env: {message[1]}")
+
+    def _handle_death(self, worker: _Worker) -> None:
+        worker.proc.join(timeout=5)
+        reason = worker.kill_reason or _exit_reason(worker.proc.exitcode)
+        pid = worker.proc.pid
+        worker.conn.close()
+        self.workers.remove(worker)
+        job = worker.job
+        if job is None:
+            self.startup_failures += 1
+            _say(f"envrl: worker process {pid} died ({reason}) while idle; starting a new one")
+            if self.startup_failures > self.size + 3:
+                raise RunFailed(
+                    f"worker processes keep dying before playing any episode (last: {reason}); if you call "
+                    f"run_evaluation from a script, put the call under `if __name__ == \"__main__\":` "
+                    f"(worker processes import the main module)")
+            return
+        job.attempts += 1
+        where = f"episode {job.index} (task {job.task_id}, seed {job.seed})"
+        if job.attempts <= MAX_RETRIES:
+            _say(f"envrl: worker process {pid} died ({reason}) during {where}; "
+                 f"starting a new worker and retrying that episode once")
+            self.pending.appendleft(job)
+            return
+        _say(f"envrl: worker process {pid} died again ({reason}) during {where}; "
+             f"recording it as failed and going on")
+        self.on_record(EpisodeRecord(
+            run_id=self.run_id, episode_index=job.index, env_id=self.env_id, split=self.split,
+            task_id=job.task_id, task_type=worker.task_type, seed=job.seed, agent=self.agent_label,
+            success=False, score=0.0, turns=0, valid_action_ratio=None,
+            wall_time=time.monotonic() - worker.job_started,
+            error=f"worker process died {job.attempts} times during this episode ({reason})",
+            finished_at=time.time(),
+        ))
+
+
+def _probe_task_ids(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> list[str]:
+    """Make the env once and read the split's task ids; bad input becomes EvaluationError
+    (an env may reject an unknown split in ``gym.make`` or only when asked for its tasks)."""
+    import gymnasium as gym
+
+    what = f"cannot make {env_id} with split={split!r}"
+    env = None
+    try:
+        env = _build_env(env_id, split, env_kwargs)
+        return [str(t) for t in env.unwrapped.task_ids]
+    except ModuleNotFoundError as exc:
+        missing = exc.name or getattr(exc.__cause__, "name", None)
+        if ":" in env_id and missing and env_id.startswith(missing.split(".")[0]):  # "module:id" typo
+            raise EvaluationError(f"{what}: {_one_line(exc)}") from exc
+        raise RunFailed(f"{what}: {_describe(exc)}") from exc
+    except (ValueError, KeyError, TypeError, gym.error.Error) as exc:
+        raise EvaluationError(f"{what}: {_one_line(exc)}") from exc
+    finally:
+        if env is not None:
+            _close(env)
+
+
+def run_evaluation(
+    env_name: str,
+    split: str,
+    agent_spec: AgentSpec,
+    episodes: int,
+    workers: int = 1,
+    seed: int = 0,
+    run_id: str | None = None,
+    runs_dir: str | os.PathLike[str] | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    *,
+    episode_timeout: float | None = None,
+    start_method: str | None = None,
+) -> RunSummary:
+    """Play episodes ``0..episodes-1`` of ``env_name``/``split`` with ``agent_spec`` and record them.
+
+    ``env_name`` is a short name from ``envrl.envs.ENV_IDS`` ("alfworld") or a gymnasium id.
+    ``agent_spec`` is a spec for ``envrl.agents.make_agent`` or a picklable callable returning
+    an agent. The agent's ``env_kwargs`` attribute (if any) is merged under ``env_kwargs``
+    and both go to ``gym.make`` (e.g. ``{"max_episode_steps": 20}``). The agent and env are
+    built once here, to check the input and read the task list, then in each worker.
+
+    Re-running with the same run id (by default derived from env, split, agent and seed)
+    resumes: only episodes not yet recorded are played. Raises :class:`EvaluationError` on bad
+    input, :class:`~envrl.evaluation.store.RunLocked` if another process writes the run,
+    and lets KeyboardInterrupt through after closing the run cleanly.
+    """
+    wall_start = time.perf_counter()
+    if not isinstance(episodes, int) or episodes < 1:
+        raise EvaluationError(f"episodes must be an integer >= 1, got {episodes!r}")
+    if not isinstance(workers, int) or workers < 1:
+        raise EvaluationError(f"workers must be an integer >= 1, got {workers!r}")
+    if episode_timeout is not None and episode_timeout <= 0:
+        raise EvaluationError(f"episode_timeout must be > 0, got {episode_timeout!r}")
+    env_short, env_id = resolve_env(env_name)
+
+    # Build the agent and the env once here: bad input fails now, with a clear message.
+    try:
+        agent = _build_agent(agent_spec, env_short)
+    except ImportError as exc:
+        raise EvaluationError(f"cannot load agent {agent_spec!r}: {_describe(exc)}") from exc
+    except (ValueError, KeyError, LookupError) as exc:
+        message = _one_line(exc)
+        if not (isinstance(agent_spec, str) and agent_spec in message):
+            message = f"unknown agent {agent_spec!r}: {message}"
+        raise EvaluationError(message) from exc
+    agent_label = _agent_label(agent_spec, agent)
+    merged_kwargs = dict(getattr(agent, "env_kwargs", None) or {})
+    merged_kwargs.update(env_kwargs or {})
+    _close(agent)
+    del agent
+    task_ids = _probe_task_ids(env_id, split, merged_kwargs)
+    if not task_ids:
+        raise EvaluationError(f"split {split!r} of {env_id} has no tasks")
+
+    run_id = run_id or default_run_id(env_short, split, agent_label, seed)
+    _check_run_id(run_id)
+    env_package = ENGINE_PACKAGES.get(env_short, ())
+    config = {
+        "env": env_short,
+        "env_id": env_id,
+        "split": split,
+        "agent": agent_label,
+        "episodes": episodes,
+        "seed": seed,
+        "env_kwargs": merged_kwargs,
+        "workers": workers,
+        "task_count": len(task_ids),
+        "task_ids_sha256": hashlib.sha256("\n".join(task_ids).encode("utf-8")).hexdigest(),
+        "episode_rule": "episode i plays task_ids[i % task_count] with seed + i",
+        "versions": dict(package_versions(("gymnasium", *env_package)), envrl=_envrl_version()),
+    }
+    store = ResultStore(runs_dir)
+    try:
+        writer = store.open_run(run_id, config)
+    except RunConfigMismatch as exc:
+        raise EvaluationError(str(exc)) from exc
+
+    bar = None
+    played = 0
+    try:
+        missing = [i for i in range(episodes) if i not in writer.records]
+        jobs = [_Job(index=i, task_id=task_ids[i % len(task_ids)], seed=seed + i) for i in missing]
+        if missing and len(missing) < episodes:
+            _say(f"envrl: resuming run {run_id}: {episodes - len(missing)} of {episodes} episodes already "
+                 f"recorded, playing the other {len(missing)}")
+        if jobs:
+            from tqdm import tqdm
+
+            bar = tqdm(total=episodes, initial=episodes - len(missing), desc=run_id, unit="ep",
+                       disable=not progress, file=sys.stderr, dynamic_ncols=True)
+            counts = {"success": sum(1 for i in range(episodes) if i in writer.records
+                                     and writer.records[i].success),
+                      "errors": 0}
+
+            def on_record(record: EpisodeRecord) -> None:
+                nonlocal played
+                writer.append(record)
+                played += 1
+                counts["success"] += int(record.success)
+                counts["errors"] += int(record.error is not None)
+                bar.update(1)
+                bar.set_postfix(success=f"{counts['success'] / max(1, bar.n):.0%}", errors=counts["errors"],
+                                refresh=False)
+
+            pool = _Pool(min(workers, len(jobs)),
+                         (env_id, split, merged_kwargs, agent_spec, env_short, run_id, agent_label),
+                         on_record, run_id=run_id, env_id=env_id, split=split, agent_label=agent_label,
+                         episode_timeout=episode_timeout, start_method=start_method or _start_method())
+            pool.run(jobs)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+            bar = None
+        done = sum(1 for i in range(episodes) if i in writer.records)
+        _say(f"envrl: interrupted; {done} of {episodes} episodes of run {run_id} are recorded in "
+             f"{writer.run_dir}. Run the same command again to resume.")
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        writer.close()
+
+    records = [writer.records[i] for i in range(episodes) if i in writer.records]
+    return RunSummary(
+        run_id=run_id, run_dir=writer.run_dir, env_id=env_id, split=split, agent=agent_label,
+        episodes_planned=episodes, episodes_done=len(records), episodes_played=played,
+        errors=sum(1 for r in records if r.error is not None), wall_time=time.perf_counter() - wall_start,
+        metrics=compute_metrics(records), records=records,
+    )

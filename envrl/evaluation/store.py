@@ -1,0 +1,564 @@
+"""Episode records and the results store.
+
+Layout of a runs directory (default ``$ENVRL_RUNS_DIR``, else ``./runs``)::
+
+    <runs_dir>/
+      envrl.sqlite            # every run and episode (tables runs, episodes; WAL mode)
+      <run_id>/
+        config.json           # what was run: env, split, agent, episodes, seed, env kwargs, versions
+        episodes.jsonl        # one JSON line per finished episode, in finishing order
+        .lock                 # held (flock) while a process writes this run
+
+Each finished episode is written twice, first to ``episodes.jsonl`` (written, flushed and
+fsynced before anything else) and then to SQLite (``INSERT OR IGNORE`` on
+``UNIQUE(run_id, episode_index)``). The JSONL file is the run's journal: when a run is opened
+again, episodes present in one place and missing from the other (a process killed between
+the two writes) are copied across, and a last JSONL line cut short by a kill mid-write is
+dropped with a warning and cut off the file. So an episode is never lost once its line is
+complete, and never counted twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+logger = logging.getLogger("envrl.evaluation")
+
+DB_NAME = "envrl.sqlite"
+JSONL_NAME = "episodes.jsonl"
+CONFIG_NAME = "config.json"
+LOCK_NAME = ".lock"
+
+#: config keys that identify a run: reopening a run with other values is an error
+IDENTITY_KEYS = ("env_id", "split", "agent", "seed", "env_kwargs", "task_ids_sha256")
+
+
+def default_runs_dir() -> Path:
+    """``$ENVRL_RUNS_DIR`` if set, else ``./runs``."""
+    return Path(os.environ.get("ENVRL_RUNS_DIR") or "runs")
+
+
+# ---- records ---------------------------------------------------------------------------
+
+
+@dataclass
+class StepRecord:
+    """One turn: the agent's action and what the environment answered."""
+
+    action: str
+    observation: str
+    reward: float
+    valid: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "StepRecord":
+        return cls(
+            action=str(data["action"]),
+            observation=str(data["observation"]),
+            reward=float(data["reward"]),
+            valid=bool(data["valid"]),
+        )
+
+
+@dataclass
+class EpisodeRecord:
+    """One played episode (see DESIGN.md, Results).
+
+    ``episode_index`` is the episode's place in the run (episode i plays task
+    ``task_ids[i % len(task_ids)]`` with seed ``run seed + i``). ``error`` is ``None`` for an
+    episode that ran to its end, else a one-line message (exception in the env or agent, or a
+    worker process that died twice); such an episode counts as a failure. ``turns`` is the
+    number of actions taken; ``valid_action_ratio`` is the share of them the env could use
+    (``None`` when no action was taken). ``wall_time`` is in seconds; ``finished_at`` is a
+    Unix timestamp.
+    """
+
+    run_id: str
+    episode_index: int
+    env_id: str
+    split: str
+    task_id: str
+    task_type: str
+    seed: int
+    agent: str
+    success: bool
+    score: float
+    turns: int
+    valid_action_ratio: float | None
+    wall_time: float
+    error: str | None = None
+    trajectory: list[StepRecord] = field(default_factory=list)
+    initial_observation: str = ""
+    finished_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trajectory"}
+        data["trajectory"] = [step.to_dict() for step in self.trajectory]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EpisodeRecord":
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (newer writers)."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["trajectory"] = [StepRecord.from_dict(s) for s in data.get("trajectory", [])]
+        record = cls(**kwargs)
+        record.episode_index = int(record.episode_index)
+        record.seed = int(record.seed)
+        record.success = bool(record.success)
+        record.score = float(record.score)
+        record.turns = int(record.turns)
+        return record
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as it will read back from JSON (so stored and new configs compare equal)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+# ---- JSONL journal ---------------------------------------------------------------------
+
+
+def read_jsonl(path: str | os.PathLike[str], repair: bool = False) -> list[EpisodeRecord]:
+    """The records of an ``episodes.jsonl`` file, in file order, one per episode index.
+
+    A last line without its newline (the writer was killed mid-write) or that does not parse
+    is dropped with a warning; with ``repair=True`` it is also cut off the file so that the
+    next append starts on a clean line. An unreadable line elsewhere is skipped with a
+    warning. A second line for an index already read is ignored (first wins).
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    records: list[EpisodeRecord] = []
+    seen: set[int] = set()
+    pos = 0
+    keep_end = 0  # byte offset just past the last line worth keeping
+    line_no = 0
+    while pos < len(data):
+        newline = data.find(b"\n", pos)
+        line_no += 1
+        if newline == -1:
+            logger.warning(
+                "%s: dropping a truncated last line (%d bytes, no newline): the writer was "
+                "interrupted mid-write; that episode will be run again", path, len(data) - pos)
+            break
+        line = data[pos:newline]
+        pos = newline + 1
+        if not line.strip():
+            keep_end = pos
+            continue
+        try:
+            record = EpisodeRecord.from_dict(json.loads(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            if pos >= len(data):
+                logger.warning("%s: dropping an unreadable last line %d (%s); that episode will be "
+                               "run again", path, line_no, exc)
+                break
+            logger.warning("%s: skipping unreadable line %d (%s)", path, line_no, exc)
+            keep_end = pos
+            continue
+        keep_end = pos
+        if record.episode_index in seen:
+            logger.warning("%s: line %d repeats episode %d; keeping the first", path, line_no,
+                           record.episode_index)
+            continue
+        seen.add(record.episode_index)
+        records.append(record)
+    if repair and keep_end < len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(keep_end)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return records
+
+
+# ---- SQLite ----------------------------------------------------------------------------
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id            TEXT PRIMARY KEY,
+    env               TEXT NOT NULL,
+    env_id            TEXT NOT NULL,
+    split             TEXT NOT NULL,
+    agent             TEXT NOT NULL,
+    seed              INTEGER NOT NULL,
+    episodes_planned  INTEGER NOT NULL,
+    config            TEXT NOT NULL,
+    created_at        REAL NOT NULL,
+    updated_at        REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    run_id              TEXT NOT NULL REFERENCES runs(run_id),
+    episode_index       INTEGER NOT NULL,
+    env_id              TEXT NOT NULL,
+    split               TEXT NOT NULL,
+    task_id             TEXT NOT NULL,
+    task_type           TEXT NOT NULL,
+    seed                INTEGER NOT NULL,
+    agent               TEXT NOT NULL,
+    success             INTEGER NOT NULL,
+    score               REAL NOT NULL,
+    turns               INTEGER NOT NULL,
+    valid_action_ratio  REAL,
+    wall_time           REAL NOT NULL,
+    error               TEXT,
+    finished_at         REAL NOT NULL,
+    record              TEXT NOT NULL,
+    UNIQUE (run_id, episode_index)
+);
+"""
+
+_SUMMARY_COLUMNS = ("episode_index", "task_id", "task_type", "split", "success", "score", "turns",
+                    "valid_action_ratio", "error")
+
+
+class RunConfigMismatch(ValueError):
+    """A run id was reopened with a different env, split, agent, seed, env kwargs or task list."""
+
+
+class RunLocked(RuntimeError):
+    """Another process is writing the same run."""
+
+
+class ResultStore:
+    """All runs under one runs directory; the SQLite database is shared by every run."""
+
+    def __init__(self, runs_dir: str | os.PathLike[str] | None = None):
+        self.runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+        self.db_path = self.runs_dir / DB_NAME
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    def connect(self) -> sqlite3.Connection:
+        """A connection with the schema in place (creates the directory and database)."""
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.db_path, timeout=60.0)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(_SCHEMA)
+        conn.commit()
+        return conn
+
+    def _read_conn(self) -> sqlite3.Connection | None:
+        if not self.db_path.exists():
+            return None
+        return self.connect()
+
+    # ---- reading --------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The stored config of ``run_id`` (with ``episodes`` = episodes planned), or None."""
+        conn = self._read_conn()
+        if conn is None:
+            return None
+        try:
+            row = conn.execute("SELECT config, episodes_planned FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        finally:
+            conn.close()
+        if row is None:
+            return None
+        config = json.loads(row[0])
+        config["episodes"] = int(row[1])
+        return config
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """Every run: its columns, its config and ``episodes``: a list of per-episode summaries
+        (the record fields used by the metrics, without trajectories), by episode index."""
+        conn = self._read_conn()
+        if conn is None:
+            return []
+        try:
+            runs = conn.execute(
+                "SELECT run_id, env, env_id, split, agent, seed, episodes_planned, config, created_at, "
+                "updated_at FROM runs ORDER BY created_at, run_id").fetchall()
+            episode_rows = conn.execute(
+                f"SELECT run_id, {', '.join(_SUMMARY_COLUMNS)} FROM episodes ORDER BY run_id, episode_index"
+            ).fetchall()
+        finally:
+            conn.close()
+        by_run: dict[str, list[dict[str, Any]]] = {}
+        for row in episode_rows:
+            item = dict(zip(_SUMMARY_COLUMNS, row[1:], strict=True))
+            item["success"] = bool(item["success"])
+            by_run.setdefault(row[0], []).append(item)
+        out = []
+        for run_id, env, env_id, split, agent, seed, planned, config, created, updated in runs:
+            out.append({
+                "run_id": run_id, "env": env, "env_id": env_id, "split": split, "agent": agent,
+                "seed": seed, "episodes_planned": planned, "config": json.loads(config),
+                "created_at": created, "updated_at": updated, "episodes": by_run.get(run_id, []),
+            })
+        return out
+
+    def load_episodes(self, run_id: str) -> list[EpisodeRecord]:
+        """Full records (with trajectories) of ``run_id`` from SQLite, by episode index."""
+        conn = self._read_conn()
+        if conn is None:
+            return []
+        try:
+            rows = conn.execute("SELECT record FROM episodes WHERE run_id = ? ORDER BY episode_index",
+                                (run_id,)).fetchall()
+        finally:
+            conn.close()
+        return [EpisodeRecord.from_dict(json.loads(r[0])) for r in rows]
+
+    # ---- writing --------------------------------------------------------------------
+
+    def open_run(self, run_id: str, config: Mapping[str, Any]) -> "RunWriter":
+        """Create ``run_id`` or reopen it to resume (see :class:`RunWriter`)."""
+        return RunWriter(self, run_id, config)
+
+
+def _insert_episode(conn: sqlite3.Connection, record: EpisodeRecord, line: str) -> None:
+    conn.execute(
+        "INSERT OR IGNORE INTO episodes (run_id, episode_index, env_id, split, task_id, task_type, seed, "
+        "agent, success, score, turns, valid_action_ratio, wall_time, error, finished_at, record) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (record.run_id, record.episode_index, record.env_id, record.split, record.task_id, record.task_type,
+         record.seed, record.agent, int(record.success), record.score, record.turns,
+         record.valid_action_ratio, record.wall_time, record.error, record.finished_at, line),
+    )
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back for the duration (main thread, POSIX); they are delivered
+    right after. Elsewhere a no-op: the JSONL-first order and the reconciliation on reopen
+    still keep the two copies consistent."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _FileLock:
+    """An exclusive, non-blocking ``flock`` held while this process writes a run (POSIX only;
+    the kernel releases it when the process dies, however it dies)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fh = None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: no locking
+            return
+        fh = open(self.path, "a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip()
+            fh.close()
+            raise RunLocked(f"run directory {self.path.parent} is in use by another process"
+                            + (f" (pid {holder})" if holder else "")) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing the descriptor releases the flock
+            self._fh = None
+
+
+class RunWriter:
+    """Writes the episodes of one run; opening it creates or resumes the run.
+
+    On open: the run directory is locked; the run row is created, or checked against
+    ``config`` (a difference in :data:`IDENTITY_KEYS` raises :class:`RunConfigMismatch`; the
+    number of episodes planned grows to the larger value); the JSONL journal is read (a cut
+    last line is dropped) and reconciled with SQLite in both directions. ``records`` then holds
+    every episode recorded so far, by index.
+    """
+
+    def __init__(self, store: ResultStore, run_id: str, config: Mapping[str, Any]):
+        self.store = store
+        self.run_id = run_id
+        self.run_dir = store.run_dir(run_id)
+        self.jsonl_path = self.run_dir / JSONL_NAME
+        self.config_path = self.run_dir / CONFIG_NAME
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _FileLock(self.run_dir / LOCK_NAME)
+        self._lock.acquire()
+        self._conn: sqlite3.Connection | None = None
+        self._jsonl = None
+        try:
+            self._conn = store.connect()
+            self.config = self._register(dict(config))
+            self.records: dict[int, EpisodeRecord] = {}
+            self.repaired = self._reconcile()
+            self._jsonl = open(self.jsonl_path, "ab")
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- opening --------------------------------------------------------------------
+
+    def _register(self, config: dict[str, Any]) -> dict[str, Any]:
+        assert self._conn is not None
+        config = _jsonable(config)
+        config["run_id"] = self.run_id
+        now = time.time()
+        row = self._conn.execute("SELECT config, episodes_planned FROM runs WHERE run_id = ?",
+                                 (self.run_id,)).fetchone()
+        if row is None and self.config_path.exists():
+            # the database was removed or replaced but the run directory survived: its config stands
+            on_disk = json.loads(self.config_path.read_text(encoding="utf-8"))
+            on_disk["run_id"] = self.run_id
+            self._conn.execute(
+                "INSERT INTO runs (run_id, env, env_id, split, agent, seed, episodes_planned, config, created_at, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self._run_row(on_disk, int(on_disk["episodes"]), now))
+            row = (json.dumps(on_disk), int(on_disk["episodes"]))
+        if row is None:
+            config.setdefault("created_at", now)
+            self._conn.execute(
+                "INSERT INTO runs (run_id, env, env_id, split, agent, seed, episodes_planned, config, created_at, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self._run_row(config, int(config["episodes"]), now))
+            self._conn.commit()
+            self._write_config(config)
+            return config
+
+        stored = json.loads(row[0])
+        differences = [k for k in IDENTITY_KEYS if stored.get(k) != config.get(k)]
+        if differences:
+            detail = "; ".join(f"{k}: stored {stored.get(k)!r}, now {config.get(k)!r}" for k in differences)
+            raise RunConfigMismatch(
+                f"run {self.run_id!r} already exists in {self.store.runs_dir} with a different setup ({detail}); "
+                f"choose another run id (--run-id) to start a new run")
+        if stored.get("versions") != config.get("versions"):
+            logger.warning("run %s: package versions differ from when the run started (%s now %s)",
+                           self.run_id, stored.get("versions"), config.get("versions"))
+        planned = max(int(row[1]), int(config["episodes"]))
+        stored["episodes"] = planned
+        self._conn.execute("UPDATE runs SET episodes_planned = ?, config = ?, updated_at = ? WHERE run_id = ?",
+                           (planned, json.dumps(stored, sort_keys=True), now, self.run_id))
+        self._conn.commit()
+        self._write_config(stored)
+        return stored
+
+    @staticmethod
+    def _run_row(config: Mapping[str, Any], planned: int, now: float) -> tuple:
+        return (config["run_id"], config.get("env", config["env_id"]), config["env_id"], config["split"],
+                config["agent"], int(config["seed"]), planned, json.dumps(dict(config, episodes=planned),
+                                                                           sort_keys=True),
+                float(config.get("created_at", now)), now)
+
+    def _write_config(self, config: Mapping[str, Any]) -> None:
+        tmp = self.config_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, self.config_path)
+
+    def _reconcile(self) -> dict[str, int]:
+        """Make JSONL and SQLite hold the same episodes; returns how many were copied each way."""
+        assert self._conn is not None
+        journal = read_jsonl(self.jsonl_path, repair=True)
+        journal = [r for r in journal if r.run_id == self.run_id]
+        rows = self._conn.execute("SELECT episode_index, record FROM episodes WHERE run_id = ?",
+                                  (self.run_id,)).fetchall()
+        in_db = {int(index): line for index, line in rows}
+        to_db = [r for r in journal if r.episode_index not in in_db]
+        for record in to_db:
+            _insert_episode(self._conn, record, record.to_json())
+        self._conn.commit()
+        if to_db:
+            logger.warning("run %s: %d episode(s) were in %s but not in the database (the run was stopped "
+                           "between the two writes); added them", self.run_id, len(to_db), JSONL_NAME)
+        for record in journal:
+            self.records[record.episode_index] = record
+        to_journal = [i for i in sorted(in_db) if i not in self.records]
+        if to_journal:
+            with open(self.jsonl_path, "ab") as fh:
+                for index in to_journal:
+                    record = EpisodeRecord.from_dict(json.loads(in_db[index]))
+                    fh.write((record.to_json() + "\n").encode("utf-8"))
+                    self.records[index] = record
+                fh.flush()
+                os.fsync(fh.fileno())
+            logger.warning("run %s: %d episode(s) were in the database but not in %s; added them",
+                           self.run_id, len(to_journal), JSONL_NAME)
+        return {"to_db": len(to_db), "to_jsonl": len(to_journal)}
+
+    # ---- writing --------------------------------------------------------------------
+
+    @property
+    def done(self) -> set[int]:
+        return set(self.records)
+
+    def append(self, record: EpisodeRecord) -> None:
+        """Record one finished episode: JSONL (fsynced) first, then SQLite. A second record for
+        an index already present is ignored."""
+        if self._jsonl is None or self._conn is None:
+            raise RuntimeError("run writer is closed")
+        if record.run_id != self.run_id:
+            raise ValueError(f"record of run {record.run_id!r} appended to run {self.run_id!r}")
+        if record.episode_index in self.records:
+            logger.warning("run %s: episode %d is already recorded; ignoring the second result",
+                           self.run_id, record.episode_index)
+            return
+        line = record.to_json()
+        with _signals_deferred():  # Ctrl-C lands after both writes, not between them
+            self._jsonl.write((line + "\n").encode("utf-8"))
+            self._jsonl.flush()
+            os.fsync(self._jsonl.fileno())
+            _insert_episode(self._conn, record, line)
+            self._conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (time.time(), self.run_id))
+            self._conn.commit()
+            self.records[record.episode_index] = record
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._lock.release()
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def package_versions(packages: Iterable[str]) -> dict[str, str]:
+    """Installed versions of ``packages`` (``"missing"`` when not installed), plus Python's."""
+    from importlib import metadata
+
+    versions = {"python": sys.version.split()[0]}
+    for name in packages:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return versions

@@ -1,0 +1,32 @@
+"""Shared fixtures: the official ALFWorld samples in ../shared/data, and isolated caches."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_ALFWORLD = REPO.parent / "shared" / "data" / "alfworld"
+
+
+@pytest.fixture(scope="session")
+def official_alfworld() -> Path:
+    """The folder holding the official ``json_2.1.1`` samples (never copied into the repo)."""
+    if not (SHARED_ALFWORLD / "json_2.1.1").is_dir():
+        pytest.skip(f"official ALFWorld samples not found at {SHARED_ALFWORLD}")
+    return SHARED_ALFWORLD
+
+
+@pytest.fixture()
+def with_official_data(official_alfworld, monkeypatch) -> Path:
+    monkeypatch.setenv("ALFWORLD_DATA", str(official_alfworld))
+    return official_alfworld
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_alfworld_home(tmp_path_factory):
+    """Keep ALFWorld's import side effects (~/.cache/alfworld) and envrl's runs out of $HOME."""
+    os.environ.setdefault("ENVRL_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
+    yield

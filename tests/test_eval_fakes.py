@@ -1,0 +1,121 @@
+"""A tiny fake env and agents for the evaluation tests (no tests in here).
+
+Worker processes import this module by name (``test_eval_fakes``): the env id
+``test_eval_fakes:envrl_test/EvalFake-v0`` makes gymnasium import it, and the agent classes
+are pickled by reference. The tests put this directory on ``sys.path`` (and ``PYTHONPATH``
+for subprocesses).
+
+Tasks: box-opening. The right action on task ``tK`` is ``open box tK``; ``look`` is valid and
+does nothing; anything else is invalid. :class:`FakeAgent` plays ``look``, ``jump`` (invalid),
+then opens the box on even-numbered tasks (success in 3 turns, 2 of 3 valid) and looks
+forever on odd ones (truncated at the registered limit of 6 steps, 5 of 6 valid).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from envrl.envs.base import StepResult, TaskStart, TextEnv
+
+ENV_ID = "test_eval_fakes:envrl_test/EvalFake-v0"
+MAX_STEPS = 6
+
+SPLITS = {
+    "train": [("t0", "pick"), ("t1", "clean"), ("t2", "pick"), ("t3", "heat"), ("t4", "clean")],
+    "valid": [("v0", "pick"), ("v1", "clean")],
+}
+
+
+class FakeEnv(TextEnv):
+    def __init__(self, split: str = "train", step_delay: float = 0.0, die_on: str | None = None,
+                 die_marker: str | None = None, die_always: bool = False, raise_on: str | None = None,
+                 render_mode: str | None = None):
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+        super().__init__(split, render_mode)
+        self.step_delay = step_delay
+        self.die_on = die_on
+        self.die_marker = die_marker
+        self.die_always = die_always
+        self.raise_on = raise_on
+        self._types = dict(SPLITS[split])
+        self._goal = ""
+
+    def _split_task_ids(self):
+        return [task for task, _ in SPLITS[self.split]]
+
+    def _start_task(self, task_id: str) -> TaskStart:
+        if task_id == self.die_on:
+            first_time = self.die_marker is not None and not Path(self.die_marker).exists()
+            if self.die_always or first_time:
+                if self.die_marker is not None:
+                    Path(self.die_marker).touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+        self._goal = f"open box {task_id}"
+        return TaskStart(observation=f"You see box {task_id}.", task_type=self._types[task_id],
+                         instruction=f"Open box {task_id}.", admissible_actions=["look", self._goal])
+
+    def _apply(self, action: str) -> StepResult:
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        if self.task_id == self.raise_on:
+            raise RuntimeError("the fake engine exploded")
+        admissible = ["look", self._goal]
+        if action == self._goal:
+            return StepResult(observation="The box is open.", reward=1.0, terminated=True, valid_action=True,
+                              success=True, score=1.0, admissible_actions=admissible)
+        if action == "look":
+            return StepResult(observation=f"You see box {self.task_id}.", reward=0.0, terminated=False,
+                              valid_action=True, success=False, score=0.5, admissible_actions=admissible)
+        return StepResult(observation=self.INVALID_FEEDBACK, reward=0.0, terminated=False, valid_action=False,
+                          success=False, score=0.0, admissible_actions=admissible)
+
+
+if "envrl_test/EvalFake-v0" not in gym.registry:
+    gym.register("envrl_test/EvalFake-v0", entry_point="test_eval_fakes:FakeEnv", max_episode_steps=MAX_STEPS)
+
+
+class FakeAgent:
+    """Deterministic: look, jump, then open the box on even tasks; look forever on odd ones."""
+
+    name = "fake"
+    env_kwargs: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def reset(self, seed: int | None = None) -> None:
+        self.turn = 0
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        self.turn += 1
+        if self.turn == 1:
+            return "look"
+        if self.turn == 2:
+            return "jump"
+        task_number = int(info["task_id"][1:])
+        return f"open box {info['task_id']}" if task_number % 2 == 0 else "look"
+
+
+class RaisingAgent(FakeAgent):
+    """Raises on task t1 at its second turn."""
+
+    name = "raising"
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        if info["task_id"] == "t1" and self.turn == 1:
+            raise ValueError("the agent is confused")
+        return super().act(observation, info)
+
+
+class KwargsAgent(FakeAgent):
+    """Asks the runner for env kwargs, like the expert does."""
+
+    name = "kwargs"
+    env_kwargs = {"step_delay": 0.0}
