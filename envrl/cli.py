@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate an agent on an env split (resumable)",
                         description="Play N episodes and record them; re-running the same command resumes. "
-                                    "Episode i plays task_ids[i %% len(task_ids)] with seed S + i.")
+                                    "Episode i plays task_ids[i mod len(task_ids)] with seed S + i.")
     ev.add_argument("--env", required=True, help="env name (e.g. alfworld) or gymnasium id")
     ev.add_argument("--split", required=True, help="split name (e.g. valid_unseen)")
     ev.add_argument("--agent", required=True, help="agent spec (e.g. random, expert)")
