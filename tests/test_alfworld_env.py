@@ -176,3 +176,27 @@ def test_seed_picks_task_deterministically(with_official_data):
     env = gym.make("envrl/ALFWorld-v0", split="valid_seen")
     picks = [env.reset(seed=s)[1]["task_id"] for s in (1, 2, 1)]
     assert picks[0] == picks[2]
+
+
+def test_replaying_a_task_gives_the_same_episode(with_official_data):
+    env = gym.make("envrl/ALFWorld-v0", split="valid_seen", expert_plan=True)
+    task_id = env.unwrapped.task_ids[0]
+    episodes = []
+    for _ in range(2):
+        observation, info = env.reset(options={"task_id": task_id})
+        trace = [observation, info["admissible_actions"], info["expert_plan"]]
+        for action in ["look", info["admissible_actions"][0]]:
+            observation, _, _, _, info = env.step(action)
+            trace += [observation, info["admissible_actions"]]
+        episodes.append(trace)
+    assert episodes[0] == episodes[1]
+
+
+@pytest.mark.slow
+def test_handcoded_expert_with_put_wording(with_official_data):
+    agent = make_agent("expert:handcoded")
+    env = gym.make("envrl/ALFWorld-v0", split="valid_seen", command_style="put", max_episode_steps=100,
+                   **agent.env_kwargs)
+    for task_id in [t for t in env.unwrapped.task_ids if "pick_two" in t][:2]:
+        reward, info = _play(env, agent, task_id)
+        assert reward == 1.0, task_id

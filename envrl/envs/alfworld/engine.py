@@ -226,7 +226,9 @@ def handcoded_expert_wrapper(env: Any) -> Any:
     ALFWorld 0.4's hand-coded expert tracks its inventory by looking for ``put`` in the last
     command, but the 0.4 grammar says ``move X to Y``: after its first placement it still
     believes it holds the object, so ``pick_two_obj_and_place`` never finishes. The fix
-    reports placements to the expert in the wording it understands.
+    reports placements to the expert in the wording it understands. It also reads (and
+    writes) admissible commands in the ``move`` wording only, so under ``command_style="put"``
+    it is shown the commands in that wording; the env translates its plan back.
     """
     from alfworld.agents.environment.alfred_tw_env import AlfredExpert, AlfredExpertType
 
@@ -236,6 +238,14 @@ def handcoded_expert_wrapper(env: Any) -> Any:
             self.prev_command = translate_command(str(command).strip(), "put")
             self._gather_infos()
             return self.state, reward, done
+
+        def _gather_infos(self) -> None:
+            shown = self.state["admissible_commands"]
+            self.state["admissible_commands"] = [translate_command(c, "move") for c in shown]
+            try:
+                super()._gather_infos()
+            finally:
+                self.state["admissible_commands"] = shown
 
     return HandCodedExpert(env, expert_type=AlfredExpertType.HANDCODED)
 

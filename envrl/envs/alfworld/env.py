@@ -100,6 +100,8 @@ class ALFWorldEnv(TextEnv):
         self._plan: list[str] = []
         self._won = False
         self._engine_handcoded = False
+        self._loaded_task: str | None = None
+        self._walkthrough: list[str] = []
 
     # ---- tasks ---------------------------------------------------------------------
 
@@ -135,18 +137,22 @@ class ALFWorldEnv(TextEnv):
         if self._engine is None or self._engine_handcoded != handcoded:
             self._engine = self._make_engine(handcoded)
             self._engine_handcoded = handcoded
-        with open(game.path, encoding="utf-8") as handle:
-            data = engine_lib.with_command_style(json.load(handle), self.command_style)
-        if handcoded:
-            self._engine.load(str(game.path))  # the hand-coded expert reads traj_data.json beside it
-        else:
+            self._loaded_task = None
+        if self._loaded_task != task_id:
+            # Playing the same task again (a GRPO group, say) only needs reset(), not load().
+            with open(game.path, encoding="utf-8") as handle:
+                data = engine_lib.with_command_style(json.load(handle), self.command_style)
             self._engine.load(data)
+            if handcoded:  # the hand-coded expert reads traj_data.json beside the game file
+                self._engine.gamefile = str(game.path)
+            self._loaded_task = task_id
+            self._walkthrough = list(data.get("walkthrough") or [])
         state = self._engine.reset()
         self._admissible = list(state["admissible_commands"])
         self._won = bool(state["won"])
         extra: dict[str, Any] = {"won": self._won}
         if self.expert_plan:
-            self._plan = self._expert_actions(state, fresh=True, walkthrough=data.get("walkthrough"))
+            self._plan = self._expert_actions(state, fresh=True, walkthrough=self._walkthrough)
             extra["expert_plan"] = list(self._plan)
         observation = state.feedback
         return TaskStart(
@@ -200,4 +206,5 @@ class ALFWorldEnv(TextEnv):
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+            self._loaded_task = None
         super().close()
