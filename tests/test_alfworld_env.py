@@ -200,3 +200,21 @@ def test_handcoded_expert_with_put_wording(with_official_data):
     for task_id in [t for t in env.unwrapped.task_ids if "pick_two" in t][:2]:
         reward, info = _play(env, agent, task_id)
         assert reward == 1.0, task_id
+
+
+@pytest.mark.parametrize(
+    "split", ["valid_seen", "valid_unseen", "ood_objects", pytest.param("train", marks=pytest.mark.slow)]
+)
+def test_check_env_builtin(monkeypatch, split):
+    """Built-in games (generated once, then cached like in ``make demo``)."""
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    agent = make_agent("expert")
+    env = gym.make("envrl/ALFWorld-v0", split=split, **agent.env_kwargs)
+    check_env(env.unwrapped, skip_render_check=True)
+    task_ids = env.unwrapped.task_ids
+    assert all(t.startswith(f"builtin:{split}/") for t in task_ids)
+    observation, info = env.reset(seed=1)
+    assert observation.startswith("-= Welcome to TextWorld, ALFRED! =-") and info["instruction"]
+    for task_id in task_ids[:: max(1, len(task_ids) // 6)]:
+        reward, info = _play(env, agent, task_id)
+        assert reward == 1.0, task_id
