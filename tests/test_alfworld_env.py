@@ -218,3 +218,15 @@ def test_check_env_builtin(monkeypatch, split):
     for task_id in task_ids[:: max(1, len(task_ids) // 6)]:
         reward, info = _play(env, agent, task_id)
         assert reward == 1.0, task_id
+
+
+def test_engine_import_leaves_alfworld_data_unset(monkeypatch):
+    # alfworld.info exports ALFWORLD_DATA on import; that must not turn later envs official.
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    first = gym.make("envrl/ALFWorld-v0", split="valid_seen")
+    first.reset(seed=0)
+    import os
+
+    assert "ALFWORLD_DATA" not in os.environ
+    second = gym.make("envrl/ALFWorld-v0", split="valid_unseen")
+    assert second.reset(seed=0)[1]["task_id"].startswith("builtin:valid_unseen/")

@@ -20,9 +20,11 @@ observation and admissible-command list byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import Any
+import tempfile
+from typing import Any, Iterator
 
 import textworld
 from textworld.core import EnvInfos, GameState
@@ -212,10 +214,30 @@ def translate_command(command: str, style: str) -> str:
     return command
 
 
+@contextlib.contextmanager
+def alfworld_import_guard() -> Iterator[None]:
+    """Import ``alfworld`` modules without letting them change ``ALFWORLD_DATA``.
+
+    ``alfworld.info`` creates ``$ALFWORLD_DATA`` (default ``~/.cache/alfworld``) and exports it
+    into ``os.environ`` when first imported. envrl reads that variable to choose between official
+    and built-in games, so an import must not flip the choice for the rest of the process.
+    """
+    saved = os.environ.get("ALFWORLD_DATA")
+    if saved is None:
+        os.environ["ALFWORLD_DATA"] = os.path.join(tempfile.gettempdir(), "envrl-alfworld-import")
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("ALFWORLD_DATA", None)
+        else:
+            os.environ["ALFWORLD_DATA"] = saved
+
+
 def alfred_wrappers() -> list:
     """ALFWorld's own TextWorld wrappers: readable names ("desk 1") and the game-file info."""
-    os.environ.setdefault("ALFWORLD_DATA", os.path.join(os.path.expanduser("~"), ".cache", "alfworld"))
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+    with alfworld_import_guard():
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
     return [AlfredDemangler(shuffle=False), AlfredInfos]
 
@@ -230,7 +252,8 @@ def handcoded_expert_wrapper(env: Any) -> Any:
     writes) admissible commands in the ``move`` wording only, so under ``command_style="put"``
     it is shown the commands in that wording; the env translates its plan back.
     """
-    from alfworld.agents.environment.alfred_tw_env import AlfredExpert, AlfredExpertType
+    with alfworld_import_guard():
+        from alfworld.agents.environment.alfred_tw_env import AlfredExpert, AlfredExpertType
 
     class HandCodedExpert(AlfredExpert):
         def step(self, command: str):

@@ -68,6 +68,7 @@ from typing import Any, Iterator
 
 from envrl.envs.alfworld import scenes
 from envrl.envs.alfworld.scenes import FloorPlan, Goal
+from envrl.envs.alfworld.tasks import TASK_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +77,6 @@ logger = logging.getLogger(__name__)
 GENERATOR_VERSION = "2"
 SEED = "envrl-alfworld-builtin"
 
-TASK_TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
 # One cycle of 20 candidates: 4 simple, 2 look, 4 clean, 3 heat, 3 cool, 4 two.
 TASK_CYCLE = (
     "pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_two_obj_and_place",
