@@ -21,8 +21,6 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("ALFWORLD_DATA", tempfile.mkdtemp(prefix="envrl-test-alfworld-data-"))
-
 from envrl.envs.alfworld import generate, scenes  # noqa: E402
 from envrl.envs.alfworld.generate import (  # noqa: E402
     BUILTIN_SPLITS,
@@ -63,13 +61,14 @@ def small_splits(tmp_path_factory) -> tuple[Path, dict[str, list[generate.Builti
 def play():
     """Play a game file in TextWorld's stock PDDL engine, as ALFWorld loads it."""
     import textworld
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+
+    from envrl.envs.alfworld.engine import alfred_wrappers
 
     argv = list(sys.argv)  # fast_downward.pddl2sas overwrites sys.argv
 
     def run(path: Path, commands: list[str]) -> tuple[str, list, bool]:
         infos = textworld.EnvInfos(won=True, admissible_commands=True)
-        env = textworld.start(str(path), infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+        env = textworld.start(str(path), infos, wrappers=alfred_wrappers())
         state = env.reset()
         intro, feedback = state.feedback, []
         for command in commands:

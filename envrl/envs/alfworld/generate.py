@@ -526,11 +526,12 @@ def _memoized(function, size: int, copy: bool):
 def _env(kind: str, path: str):
     """This worker's environment of ``kind`` ("plan" or "play"), loaded with ``path``."""
     import textworld
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+
+    from envrl.envs.alfworld.engine import alfred_wrappers
 
     if kind not in _ENVS:
         infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=kind == "plan")
-        _ENVS[kind] = textworld.start(path, infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+        _ENVS[kind] = textworld.start(path, infos, wrappers=alfred_wrappers())
     else:
         _ENVS[kind].load(path)
     return _ENVS[kind]
