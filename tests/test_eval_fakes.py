@@ -43,7 +43,8 @@ class FakeEnv(TextEnv):
         self.die_on = die_on
         self.die_marker = die_marker
         self.die_always = die_always
-        self.raise_on = raise_on
+        # read from the environment so a test can see which variables a worker process got
+        self.raise_on = raise_on or os.environ.get("ENVRL_FAKE_RAISE_ON")
         self._types = dict(SPLITS[split])
         self._goal = ""
 

@@ -285,6 +285,20 @@ def test_agent_env_kwargs_reach_gym_make(tmp_path):
     assert {r.task_id: r.turns for r in summary.records} == {"v0": 3, "v1": 4}
 
 
+def test_workers_see_the_callers_environment_at_each_run(tmp_path, monkeypatch):
+    """A forkserver freezes its environment when it starts; workers must not read a stale one
+    (CI once ran builtin games with an ALFWORLD_DATA left over from an earlier test's run)."""
+    monkeypatch.delenv("ENVRL_FAKE_RAISE_ON", raising=False)
+    first = run_evaluation(fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=2, workers=1,
+                           runs_dir=tmp_path, run_id="before", progress=False)
+    assert first.errors == 0
+    monkeypatch.setenv("ENVRL_FAKE_RAISE_ON", "v0")
+    second = run_evaluation(fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=2, workers=1,
+                            runs_dir=tmp_path, run_id="after", progress=False)
+    assert {r.task_id: r.error for r in second.records} == {"v0": "RuntimeError: the fake engine exploded",
+                                                            "v1": None}
+
+
 def test_bad_input_raises_evaluation_error(tmp_path):
     with pytest.raises(EvaluationError, match="unknown env"):
         run_evaluation("nope", "train", fakes.FakeAgent, episodes=1, runs_dir=tmp_path, progress=False)

@@ -14,18 +14,13 @@ act on the observation they were just given. Seeds: ``reset(seed=s)`` seeds env 
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from envrl.envs import env_id
-
-
-def _start_method() -> str:
-    methods = multiprocessing.get_all_start_methods()
-    return "forkserver" if "forkserver" in methods else "spawn"
+from envrl.processes import apply_environment, environment_snapshot, start_method
 
 
 def make_vec(name: str, num_envs: int, **env_kwargs: Any) -> gym.vector.AsyncVectorEnv:
@@ -33,8 +28,10 @@ def make_vec(name: str, num_envs: int, **env_kwargs: Any) -> gym.vector.AsyncVec
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
     gym_id = env_id(name)
+    environ = environment_snapshot()
 
     def factory() -> gym.Env:
+        apply_environment(environ)
         import envrl  # noqa: F401  (registers the ids in the worker process)
 
         return gym.make(gym_id, **env_kwargs)
@@ -42,6 +39,6 @@ def make_vec(name: str, num_envs: int, **env_kwargs: Any) -> gym.vector.AsyncVec
     return gym.vector.AsyncVectorEnv(
         [factory] * num_envs,
         shared_memory=False,
-        context=_start_method(),
+        context=start_method(),
         autoreset_mode=AutoresetMode.SAME_STEP,
     )

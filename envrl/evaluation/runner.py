@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Union
 
+from envrl.processes import apply_environment, environment_snapshot
+from envrl.processes import start_method as default_start_method
 from envrl.evaluation.metrics import MetricsReport, compute_metrics, report_table
 from envrl.evaluation.store import (
     EpisodeRecord,
@@ -228,9 +230,10 @@ def _agent_label(agent_spec: AgentSpec, agent: Any) -> str:
 # ---- the worker process ----------------------------------------------------------------
 
 
-def _worker_main(conn: Any, env_id: str, split: str, env_kwargs: dict[str, Any], agent_spec: AgentSpec,
-                 env_name: str, run_id: str, agent_label: str) -> None:
+def _worker_main(conn: Any, environ: dict[str, str], env_id: str, split: str, env_kwargs: dict[str, Any],
+                 agent_spec: AgentSpec, env_name: str, run_id: str, agent_label: str) -> None:
     """Entry point of a worker process: build once, then play episodes until told to stop."""
+    apply_environment(environ)
     # Ctrl-C in a terminal reaches the whole process group; the parent decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _PARENT_PID
@@ -392,10 +395,6 @@ def _say(message: str) -> None:
     from tqdm import tqdm
 
     tqdm.write(message, file=sys.stderr)
-
-
-def _start_method() -> str:
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 class _Pool:
@@ -646,9 +645,10 @@ def run_evaluation(
                                 refresh=False)
 
             pool = _Pool(min(workers, len(jobs)),
-                         (env_id, split, merged_kwargs, agent_spec, env_short, run_id, agent_label),
+                         (environment_snapshot(), env_id, split, merged_kwargs, agent_spec, env_short, run_id,
+                          agent_label),
                          on_record, run_id=run_id, env_id=env_id, split=split, agent_label=agent_label,
-                         episode_timeout=episode_timeout, start_method=start_method or _start_method())
+                         episode_timeout=episode_timeout, start_method=start_method or default_start_method())
             pool.run(jobs)
     except KeyboardInterrupt:
         if bar is not None:
