@@ -7,9 +7,9 @@ STAMP := $(VENV)/.envrl-installed
 RUNS_DIR ?= runs/demo
 WORKERS ?= 2
 
-# Tests: fast ones by default; CI (CI=true) also runs the slow ones.
+# Tests: fast ones by default; CI (CI=true) runs all of them: slow, browser and container too.
 ifeq ($(CI),true)
-MARKERS ?= not browser and not container
+MARKERS ?= slow or not slow
 else
 MARKERS ?= not slow and not browser and not container
 endif
@@ -21,7 +21,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,webshop,browser]'
 	touch $(STAMP)
 
 # Random and expert agents on the built-in ALFWorld ID and OOD splits, then the leaderboard.

@@ -1,6 +1,7 @@
 """The expert: plays the environment's own plan (``info["expert_plan"]``).
 
-For ALFWorld the plan is the game's planner walkthrough, replanned by Fast Downward if the
+For WebShop it is the oracle (search the goal product, pick the best options, buy). For
+ALFWorld the plan is the game's planner walkthrough, replanned by Fast Downward if the
 episode leaves it, or ALFWorld's hand-coded expert (``expert_type="handcoded"``). The agent
 asks the env for the plan through ``env_kwargs``, which evaluation runs pass to ``gym.make``.
 """
@@ -14,7 +15,10 @@ class ExpertAgent:
     name = "expert"
 
     def __init__(self, expert_type: str = "planner"):
-        self.env_kwargs: dict[str, Any] = {"expert_plan": True, "expert_type": expert_type}
+        # only ALFWorld has expert types; other envs take the default plan
+        self.env_kwargs: dict[str, Any] = {"expert_plan": True}
+        if expert_type != "planner":
+            self.env_kwargs["expert_type"] = expert_type
 
     def reset(self, seed: int | None = None) -> None:
         pass

@@ -12,6 +12,7 @@ import gymnasium as gym
 #: short name -> (Gymnasium id, entry point, default step limit)
 ENVIRONMENTS = {
     "alfworld": ("envrl/ALFWorld-v0", "envrl.envs.alfworld.env:ALFWorldEnv", 50),
+    "webshop": ("envrl/WebShop-v0", "envrl.envs.webshop.env:WebShopEnv", 15),
 }
 ENV_IDS = {name: env_id for name, (env_id, _, _) in ENVIRONMENTS.items()}
 
