@@ -3,6 +3,7 @@
     envrl eval --env alfworld --split valid_unseen --agent expert --episodes 20 --workers 4
     envrl leaderboard [--format text|markdown|json]
     envrl data alfworld --download [--dest DIR]
+    envrl webshop serve [--host H] [--port P] [--workers N] [--threads T] [--products N] [--data-dir D]
 
 Exit codes: 0 success, 1 the run could not go on (e.g. locked by another process),
 2 bad input (one line on stderr, never a traceback), 130 interrupted (Ctrl-C / SIGTERM;
@@ -74,6 +75,25 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--dest", default=None,
                       help="where to put it (default $ALFWORLD_DATA, else ~/.cache/alfworld)")
     data.set_defaults(handler=_cmd_data)
+
+    # ---- webshop: the WebShop site as a server -----------------------------------------
+    webshop = sub.add_parser("webshop", help="the WebShop site")
+    webshop_sub = webshop.add_subparsers(dest="webshop_command", metavar="COMMAND", parser_class=_Parser)
+    webshop_sub.required = True
+    serve = webshop_sub.add_parser(
+        "serve", help="serve the WebShop site (gunicorn) for envs with server_url=...",
+        description="Serve the WebShop site under gunicorn until SIGTERM/SIGINT. The store is loaded once "
+                    "and shared by the workers; GET /healthz answers when it is up.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
+    serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 8)")
+    serve.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
+    serve.add_argument("--products", type=int, default=None,
+                       help="catalog size (default: all of it; the built-in catalog has 1,000)")
+    serve.add_argument("--data-dir", default=None, help="official WebShop files (default $WEBSHOP_DATA, else built-in)")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    serve.set_defaults(handler=_cmd_webshop_serve)
     return parser
 
 
@@ -146,6 +166,30 @@ def _cmd_data(args: argparse.Namespace) -> int:
         print(f"ALFWorld data in {dest}; use it with: export ALFWORLD_DATA={dest}")
         return EXIT_OK
     return _fail(prog, f"unknown dataset {args.dataset!r}")  # pragma: no cover - argparse checks choices
+
+
+# ---- webshop serve -----------------------------------------------------------------------
+
+
+def _cmd_webshop_serve(args: argparse.Namespace) -> int:
+    from envrl.envs.webshop import server
+
+    prog = "envrl webshop serve"
+    try:
+        options = server.ServeOptions(
+            host=args.host, port=args.port if args.port is not None else server.default_port(),
+            workers=args.workers if args.workers is not None else server.default_workers(),
+            threads=args.threads, products=args.products, data_dir=args.data_dir,
+            log_level=args.log_level, access_log=args.access_log)
+        options.check()
+    except ValueError as exc:  # also a $WEBSHOP_PORT that is not a number
+        return _fail(prog, str(exc))
+    try:
+        return server.serve(options)
+    except KeyboardInterrupt:  # while the store was loading
+        return EXIT_INTERRUPTED
+    except (OSError, ValueError, RuntimeError) as exc:  # data missing or unreadable (WebShopDataError)
+        return _fail(prog, " ".join(str(exc).split()) or type(exc).__name__, EXIT_FAILED)
 
 
 # ---- entry point -------------------------------------------------------------------------
