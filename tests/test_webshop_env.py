@@ -185,3 +185,13 @@ def test_same_episode_in_the_browser(mode):
     finally:
         browser.close()
         inprocess.close()
+
+
+def test_a_screened_action_keeps_the_envs_own_info_keys():
+    """The base class screens over-long and non-text actions; the expert's plan must survive them."""
+    env = gym.make("envrl/WebShop-v0", split="test", expert_plan=True)
+    _, before = env.reset(seed=0)
+    observation, reward, terminated, truncated, info = env.step(12345)
+    assert observation.startswith("Invalid action: expected text") and not info["valid_action"]
+    assert info["expert_plan"] == before["expert_plan"] and info["step"] == 1 and info["has_search_bar"]
+    env.close()

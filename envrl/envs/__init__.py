@@ -13,6 +13,7 @@ import gymnasium as gym
 ENVIRONMENTS = {
     "alfworld": ("envrl/ALFWorld-v0", "envrl.envs.alfworld.env:ALFWorldEnv", 50),
     "webshop": ("envrl/WebShop-v0", "envrl.envs.webshop.env:WebShopEnv", 15),
+    "textworld": ("envrl/TextWorld-v0", "envrl.envs.textworld.env:TextWorldEnv", 50),
 }
 ENV_IDS = {name: env_id for name, (env_id, _, _) in ENVIRONMENTS.items()}
 

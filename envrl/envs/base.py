@@ -103,6 +103,7 @@ class TextEnv(gym.Env[str, str]):
         self._task_type = ""
         self._instruction = ""
         self._steps = 0
+        self._terminated = False
         self._last_observation = ""
         self._last_info: dict[str, Any] = {}
 
@@ -139,6 +140,7 @@ class TextEnv(gym.Env[str, str]):
         self._task_type = start.task_type
         self._instruction = start.instruction
         self._steps = 0
+        self._terminated = False
         info = self._info(
             admissible_actions=start.admissible_actions,
             valid_action=True,
@@ -155,17 +157,13 @@ class TextEnv(gym.Env[str, str]):
         self._steps += 1
         problem = self._screen(action)
         if problem is not None:
-            previous = self._last_info
-            info = self._info(
-                admissible_actions=previous.get("admissible_actions", []),
-                valid_action=False,
-                success=bool(previous.get("success", False)),
-                score=float(previous.get("score", 0.0)),
-                extra={"feedback": problem},
-            )
+            # The engine never saw the action, so its state (and every key the env adds to
+            # info, such as an expert's plan) is what the previous step left.
+            info = {**self._last_info, "step": self._steps, "valid_action": False, "feedback": problem}
             self._remember(problem, info)
-            return problem, 0.0, False, False, info
+            return problem, 0.0, self._terminated, False, info
         result = self._apply(action)
+        self._terminated = bool(result.terminated)
         info = self._info(
             admissible_actions=result.admissible_actions,
             valid_action=result.valid_action,
