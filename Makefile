@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,webshop,browser]'
 	touch $(STAMP)
 
-# Random and expert agents on the built-in ALFWorld and WebShop ID and OOD splits, then the leaderboard.
+# Random and expert agents on the built-in ALFWorld, WebShop and TextWorld ID and OOD splits, then the leaderboard.
+# (TextWorld: the first 30 games of each split, generated on first use, ~1 min each split.)
 demo: $(STAMP)
 	env -u ALFWORLD_DATA $(BIN)/envrl eval --env alfworld --split valid_seen --agent expert --episodes 140 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 	env -u ALFWORLD_DATA $(BIN)/envrl eval --env alfworld --split valid_unseen --agent expert --episodes 134 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
@@ -34,6 +35,10 @@ demo: $(STAMP)
 	$(BIN)/envrl eval --env webshop --split test_ood --agent expert --episodes 264 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 	$(BIN)/envrl eval --env webshop --split test --agent random --episodes 500 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 	$(BIN)/envrl eval --env webshop --split test_ood --agent random --episodes 264 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl eval --env textworld --split valid --agent expert --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl eval --env textworld --split test_ood --agent expert --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl eval --env textworld --split valid --agent random --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl eval --env textworld --split test_ood --agent random --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 	$(BIN)/envrl leaderboard --runs-dir $(RUNS_DIR)
 
 test: $(STAMP)
