@@ -21,7 +21,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,webshop,browser]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,webshop,browser,scienceworld]'
 	touch $(STAMP)
 
 # Random and expert agents on the built-in ALFWorld, WebShop and TextWorld ID and OOD splits, then the leaderboard.

@@ -14,6 +14,7 @@ ENVIRONMENTS = {
     "alfworld": ("envrl/ALFWorld-v0", "envrl.envs.alfworld.env:ALFWorldEnv", 50),
     "webshop": ("envrl/WebShop-v0", "envrl.envs.webshop.env:WebShopEnv", 15),
     "textworld": ("envrl/TextWorld-v0", "envrl.envs.textworld.env:TextWorldEnv", 50),
+    "scienceworld": ("envrl/ScienceWorld-v0", "envrl.envs.scienceworld.env:ScienceWorldEnv", 100),
 }
 ENV_IDS = {name: env_id for name, (env_id, _, _) in ENVIRONMENTS.items()}
 
