@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,webshop,browser,scienceworld]'
 	touch $(STAMP)
 
-# Random and expert agents on the built-in ALFWorld, WebShop and TextWorld ID and OOD splits, then the leaderboard.
-# (TextWorld: the first 30 games of each split, generated on first use, ~1 min each split.)
+# Random and expert agents on the ID and OOD splits of ALFWorld, WebShop, TextWorld and ScienceWorld,
+# then the leaderboard. (TextWorld and ScienceWorld: 30 episodes per split; ScienceWorld's 30
+# cover all 30 tasks; TextWorld's games are generated on first use, ~1 min per split.)
 demo: $(STAMP)
 	env -u ALFWORLD_DATA $(BIN)/envrl eval --env alfworld --split valid_seen --agent expert --episodes 140 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 	env -u ALFWORLD_DATA $(BIN)/envrl eval --env alfworld --split valid_unseen --agent expert --episodes 134 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
@@ -39,6 +40,10 @@ demo: $(STAMP)
 	$(BIN)/envrl eval --env textworld --split test_ood --agent expert --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 	$(BIN)/envrl eval --env textworld --split valid --agent random --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 	$(BIN)/envrl eval --env textworld --split test_ood --agent random --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl eval --env scienceworld --split dev --agent expert --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl eval --env scienceworld --split test --agent expert --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl eval --env scienceworld --split dev --agent random --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
+	$(BIN)/envrl eval --env scienceworld --split test --agent random --episodes 30 --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 	$(BIN)/envrl leaderboard --runs-dir $(RUNS_DIR)
 
 test: $(STAMP)

@@ -45,6 +45,8 @@ first action, any other step leaves it as it is (ScienceWorld has no planner to 
 
 from __future__ import annotations
 
+import itertools
+
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -228,10 +230,15 @@ class ScienceWorldEnv(TextEnv):
 
     def _build_index(self) -> dict[str, tuple[Task, int]]:
         if self._index is None:
+            # Round-robin over tasks (each task's first variation, then each one's second, ...), so
+            # the first N ids, which an evaluation run of N episodes plays, cover every task.
+            per_task = [[(task, variation) for variation in split_variations(task.name, self.split)]
+                        for task in self.tasks]
             index: dict[str, tuple[Task, int]] = {}
-            for task in self.tasks:
-                for variation in split_variations(task.name, self.split):
-                    index[format_task_id(task, variation)] = (task, variation)
+            for row in itertools.zip_longest(*per_task):
+                for entry in row:
+                    if entry is not None:
+                        index[format_task_id(*entry)] = entry
             self._index = index
             self._ids = tuple(index)
         return self._index
