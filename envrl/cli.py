@@ -1,6 +1,7 @@
 """The ``envrl`` command.
 
     envrl eval --env alfworld --split valid_unseen --agent expert --episodes 20 --workers 4
+    envrl eval --env alfworld --split valid_unseen --agent random --episodes 200 --workers 32 --ray auto
     envrl leaderboard [--format text|markdown|json]
     envrl data alfworld --download [--dest DIR]
     envrl webshop serve [--host H] [--port P] [--workers N] [--threads T] [--products N] [--data-dir D]
@@ -52,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", required=True, help="split name (e.g. valid_unseen)")
     ev.add_argument("--agent", required=True, help="agent spec (e.g. random, expert)")
     ev.add_argument("--episodes", type=int, required=True, help="number of episodes (>= 1)")
-    ev.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    ev.add_argument("--workers", type=int, default=1, help="worker processes, or Ray actors with --ray (default 1)")
+    ev.add_argument("--ray", metavar="ADDRESS", default=None,
+                    help="play the episodes on Ray actors: a cluster address (host:6379, ray://host:10001), "
+                         "'auto' (a running cluster, else a local instance) or 'local' (a new local instance)")
     ev.add_argument("--seed", type=int, default=0, help="base seed; episode i uses seed + i (default 0)")
     ev.add_argument("--run-id", default=None, help="run id (default: <env>-<split>-<agent>-s<seed>)")
     ev.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
@@ -111,6 +115,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _fail(prog, f"--workers must be >= 1, got {args.workers}")
     if args.max_steps is not None and args.max_steps < 1:
         return _fail(prog, f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.ray is not None and not args.ray.strip():
+        return _fail(prog, "--ray needs an address, 'auto' or 'local'")
     if args.episode_timeout is not None and args.episode_timeout <= 0:
         return _fail(prog, f"--episode-timeout must be > 0, got {args.episode_timeout}")
     env_kwargs: dict[str, Any] = {}
@@ -120,7 +126,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         summary = run_evaluation(
             args.env, args.split, args.agent, episodes=args.episodes, workers=args.workers, seed=args.seed,
             run_id=args.run_id, runs_dir=args.runs_dir, env_kwargs=env_kwargs, progress=not args.no_progress,
-            episode_timeout=args.episode_timeout,
+            episode_timeout=args.episode_timeout, ray_address=args.ray,
         )
     except EvaluationError as exc:
         return _fail(prog, str(exc))

@@ -1,13 +1,331 @@
-"""The subprocess vector env: per-env seeds, batched text, same-step autoreset."""
+"""Vector envs, subprocess back end: per-env seeds, batched text, same-step autoreset, lost
+workers replaced without touching the other envs, clean shutdown.
+
+The ``check_*`` functions take a vector env factory and hold for every back end;
+tests/test_vector_ray.py runs them on Ray actors.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Callable
+
+import gymnasium as gym
 import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
 
-from envrl.envs.vector import make_vec
+TESTS_DIR = Path(__file__).resolve().parent
+REPO = TESTS_DIR.parent
+sys.path.insert(0, str(TESTS_DIR))  # workers import test_eval_fakes by name
+
+import test_eval_fakes as fakes  # noqa: E402
+
+from envrl.envs.vector import TextVectorEnv, WorkerLost, make_vec  # noqa: E402
+
+Factory = Callable[..., TextVectorEnv]
 
 
-def test_vector_env_seeds_batches_and_autoresets(with_official_data):
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids, timeout: float = 15.0) -> list[int]:
+    """The pids still running after ``timeout`` seconds (empty when all are gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if process_alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return alive
+
+
+def goal(infos, i: int) -> str:
+    """The action that wins env ``i``'s fake task (``open box tK``)."""
+    return f"open box {infos['task_id'][i]}"
+
+
+# ---- checks for every back end (fake env) -------------------------------------------------
+
+
+def check_seeds_match_single_envs(make: Factory) -> None:
+    vec = make(fakes.ENV_ID, 3, split="train")
+    try:
+        assert vec.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+        assert vec.single_action_space.contains("look")
+        observations, infos = vec.reset(seed=7)
+        assert isinstance(observations, tuple) and len(observations) == 3
+        assert infos["_task_id"].all()
+        singles = [gym.make(fakes.ENV_ID, split="train") for _ in range(3)]
+        try:
+            expected = [env.reset(seed=7 + i) for i, env in enumerate(singles)]
+            assert list(observations) == [o for o, _ in expected]
+            assert list(infos["task_id"]) == [info["task_id"] for _, info in expected]
+            actions = ["look", "jump", "look"]
+            batch = vec.step(actions)
+            for i, env in enumerate(singles):
+                obs, reward, terminated, truncated, info = env.step(actions[i])
+                assert (batch[0][i], batch[1][i], batch[2][i], batch[3][i]) == (obs, reward, terminated, truncated)
+                assert batch[4]["valid_action"][i] == info["valid_action"]
+            # a list gives each env its own seed
+            again, again_infos = vec.reset(seed=[9, 7, 9])
+            single_9 = singles[0].reset(seed=9)[0]
+            assert again == (single_9, observations[0], single_9)
+        finally:
+            for env in singles:
+                env.close()
+        assert len(vec.get_attr("task_ids")) == 3 and list(vec.get_attr("task_ids")[0]) == ["t0", "t1", "t2", "t3", "t4"]
+    finally:
+        vec.close()
+
+
+def check_autoreset_and_options(make: Factory) -> None:
+    vec = make(fakes.ENV_ID, 2, split="train")
+    try:
+        observations, infos = vec.reset(seed=0, options=[{"task_id": "t2"}, {"task_id": "t3"}])
+        assert observations == ("You see box t2.", "You see box t3.")
+        observations, rewards, terminated, truncated, infos = vec.step(["open box t2", "look"])
+        # env 0 won: its next episode's first observation is already here
+        assert terminated.tolist() == [True, False] and rewards.tolist() == [1.0, 0.0]
+        assert infos["_final_obs"].tolist() == [True, False]
+        assert infos["final_obs"][0] == "The box is open."
+        assert infos["final_info"]["success"][0] and infos["final_info"]["_success"].tolist() == [True, False]
+        assert observations[0].startswith("You see box t") and infos["step"].tolist() == [0, 1]
+        # env 1 keeps looking: truncated at the registered limit
+        for _ in range(fakes.MAX_STEPS - 1):
+            observations, rewards, terminated, truncated, infos = vec.step([goal(infos, 0), "look"])
+        assert truncated[1] and not terminated[1]
+        assert infos["final_info"]["step"][1] == fakes.MAX_STEPS and infos["step"][1] == 0
+
+        # reset_mask: only env 1 starts over; env 0's episode goes on
+        vec.reset(options=[{"task_id": "t0"}, {"task_id": "t0"}])
+        vec.step(["look", "look"])
+        observations, infos = vec.reset(options={"task_id": "t4", "reset_mask": np.array([False, True])})
+        assert infos["_task_id"].tolist() == [False, True] and observations[1] == "You see box t4."
+        _, _, _, _, infos = vec.step(["look", "look"])
+        assert infos["step"].tolist() == [2, 1] and infos["task_id"].tolist() == ["t0", "t4"]
+
+        # an exception in an env's reset reaches the caller as it is
+        with pytest.raises(ValueError, match="unknown task id"):
+            vec.reset(options={"task_id": "no-such-task"})
+        with pytest.raises(gym.error.ResetNeeded):
+            vec.step(["look", "look"])
+        vec.reset(seed=1)
+        vec.step(["look", "look"])
+    finally:
+        vec.close()
+
+
+def check_lost_worker_is_replaced(make: Factory, lose: Callable[[TextVectorEnv, int], None],
+                                  expect_in_error: str, **kwargs) -> None:
+    """``lose(vec, 0)`` takes env 0's worker away mid-episode; env 1's episode must go on."""
+    vec = make(fakes.ENV_ID, 2, split="train", **kwargs)
+    try:
+        vec.reset(seed=0, options=[{"task_id": "t1"}, {"task_id": "t3"}])
+        vec.step(["look", "look"])
+        old_pid = vec.pids[0]
+        lose(vec, 0)
+        observations, rewards, terminated, truncated, infos = vec.step(["look", "look"])
+        assert truncated.tolist() == [True, False] and terminated.tolist() == [False, False]
+        assert infos["worker_restarted"].tolist() == [True, False]
+        assert infos["_worker_restarted"].tolist() == [True, False]
+        assert expect_in_error in infos["error"][0]
+        assert infos["final_obs"][0] == "You see box t1."
+        assert infos["final_info"]["worker_restarted"][0] and infos["final_info"]["task_id"][0] == "t1"
+        assert infos["step"][0] == 0 and observations[0].startswith("You see box t")  # a new episode
+        # env 1 did not notice
+        assert infos["step"][1] == 2 and infos["task_id"][1] == "t3" and observations[1] == "You see box t3."
+        assert vec.restarts == [1, 0] and vec.pids[0] != old_pid
+        _, _, _, _, infos = vec.step([goal(infos, 0), "look"])
+        assert infos["final_info"]["success"][0] and infos["step"][1] == 3
+    finally:
+        vec.close()
+
+
+def check_exception_in_step_restarts_that_env(make: Factory) -> None:
+    vec = make(fakes.ENV_ID, 2, split="train", raise_on="t1")
+    try:
+        vec.reset(options=[{"task_id": "t1"}, {"task_id": "t0"}])
+        _, _, _, truncated, infos = vec.step(["look", "look"])
+        assert truncated.tolist() == [True, False] and infos["worker_restarted"].tolist() == [True, False]
+        assert "the fake engine exploded" in infos["error"][0]
+        assert infos["step"][1] == 1
+    finally:
+        vec.close()
+
+
+def check_bad_kwargs_raise_the_env_error(make: Factory) -> None:
+    with pytest.raises(ValueError, match="unknown split"):
+        make(fakes.ENV_ID, 2, split="no-such-split")
+
+
+# ---- subprocess back end ---------------------------------------------------------------
+
+
+def test_seeds_match_single_envs():
+    check_seeds_match_single_envs(make_vec)
+
+
+def test_autoreset_and_options():
+    check_autoreset_and_options(make_vec)
+
+
+def test_killed_worker_is_replaced_and_the_other_episode_goes_on():
+    killed = []
+
+    def sigkill(vec, i):
+        killed.append(vec.pids[i])
+        os.kill(vec.pids[i], signal.SIGKILL)
+
+    check_lost_worker_is_replaced(make_vec, sigkill, "SIGKILL")
+    assert not wait_gone(killed)
+
+
+def test_hung_worker_is_killed_after_the_timeout():
+    stopped = []
+
+    def sigstop(vec, i):
+        stopped.append(vec.pids[i])
+        os.kill(vec.pids[i], signal.SIGSTOP)
+
+    start = time.monotonic()
+    check_lost_worker_is_replaced(make_vec, sigstop, "no answer within 1s", timeout=1.0)
+    assert time.monotonic() - start < 20
+    assert not wait_gone(stopped)
+
+
+def test_exception_in_step_restarts_that_env():
+    check_exception_in_step_restarts_that_env(make_vec)
+
+
+def test_bad_kwargs_raise_the_env_error():
+    check_bad_kwargs_raise_the_env_error(make_vec)
+
+
+def test_close_stops_every_worker():
+    vec = make_vec(fakes.ENV_ID, 3, split="train")
+    pids = vec.pids
+    vec.reset(seed=0)
+    assert all(process_alive(p) for p in pids)
+    vec.close()
+    vec.close()  # twice is fine
+    assert not wait_gone(pids)
+    with pytest.raises(gym.error.ClosedEnvironmentError):
+        vec.step(["look"] * 3)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="backend"):
+        make_vec(fakes.ENV_ID, 2, backend="threads", split="train")
+    with pytest.raises(ValueError, match="num_envs"):
+        make_vec(fakes.ENV_ID, 0, split="train")
+    with pytest.raises(ValueError, match="unknown environment"):
+        make_vec("no-such-env", 1)
+    with pytest.raises(ValueError, match="only apply to backend='ray'"):
+        make_vec(fakes.ENV_ID, 1, ray_address="auto", split="train")
+
+
+def test_replacements_that_keep_failing_give_up():
+    """When new workers cannot even build the env, the vector env stops with WorkerLost."""
+    vec = make_vec(fakes.ENV_ID, 2, split="train")
+    try:
+        vec.reset(seed=0)
+        # from now on every new worker fails while building its env
+        environ, sys_path, gym_id, _ = vec._worker_args
+        vec._worker_args = (environ, sys_path, gym_id, {"split": "no-such-split"})
+        os.kill(vec.pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerLost, match="3 new workers in a row failed to start.*unknown split"):
+            vec.step(["look", "look"])
+        assert vec.restarts == [3, 0]
+    finally:
+        vec.close()
+
+
+def test_ray_back_end_without_ray_says_how_to_install_it(monkeypatch, tmp_path):
+    from envrl.evaluation import run_evaluation
+    from envrl.evaluation.runner import EvaluationError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ImportError, match=r"pip install 'envrl\[ray\]'"):
+        make_vec(fakes.ENV_ID, 1, backend="ray", split="train")
+    with pytest.raises(EvaluationError, match="needs Ray"):
+        run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=1, runs_dir=tmp_path, progress=False,
+                       ray_address="auto")
+
+
+ORPHAN_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import test_eval_fakes as fakes
+    from envrl.envs.vector import make_vec
+
+    if __name__ == "__main__":
+        vec = make_vec(fakes.ENV_ID, 2, split="train")
+        vec.reset(seed=0)
+        print(" ".join(map(str, vec.pids)), flush=True)
+        if sys.argv[1] == "sleep":
+            time.sleep(60)
+        # "exit": leave without close()
+""")
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_no_orphans_when_the_caller_exits_or_dies(tmp_path, how):
+    script = tmp_path / "vec.py"
+    script.write_text(ORPHAN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS_DIR)]))
+    proc = subprocess.Popen([sys.executable, str(script), "exit" if how == "exit" else "sleep"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        if how == "sigkill":
+            proc.kill()
+        proc.wait(timeout=30)
+        assert not wait_gone(pids), "workers outlived their caller"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# ---- real envs -------------------------------------------------------------------------
+
+
+def test_webshop_two_envs_match_single_envs():
+    vec = make_vec("webshop", 2, split="test")
+    single = gym.make("envrl/WebShop-v0", split="test")
+    try:
+        observations, infos = vec.reset(seed=[3, 4])
+        assert observations[1] == single.reset(seed=4)[0]
+        for _ in range(4):
+            actions = [infos["admissible_actions"][i][-1] for i in range(2)]
+            observations, _, terminated, truncated, infos = vec.step(actions)
+            obs, _, single_terminated, _, _ = single.step(actions[1])
+            assert observations[1] == obs or single_terminated
+    finally:
+        vec.close()
+        single.close()
+
+
+def test_alfworld_expert_plans_and_autoreset(with_official_data):
     vec = make_vec("alfworld", 2, split="valid_seen", expert_plan=True)
     try:
         observations, infos = vec.reset(seed=[5, 6])
@@ -29,5 +347,21 @@ def test_vector_env_seeds_batches_and_autoresets(with_official_data):
                 assert observations[i].startswith("-= Welcome to TextWorld, ALFRED! =-")
                 assert infos["step"][i] == 0
         assert finished >= 4
+    finally:
+        vec.close()
+
+
+def test_lazy_info_values_are_read_before_the_autoreset():
+    """ScienceWorld's admissible actions are computed on first read, for the current step only:
+    a final_info must carry them as a plain list, read before the worker resets the env."""
+    pytest.importorskip("scienceworld")
+    vec = make_vec("scienceworld", 1, split="dev", max_episode_steps=2)
+    try:
+        vec.reset(seed=0)
+        vec.step(["look around"])
+        _, _, _, truncated, infos = vec.step(["look around"])
+        assert truncated[0] and "worker_restarted" not in infos
+        final_actions = infos["final_info"]["admissible_actions"][0]
+        assert type(final_actions) is list and "look around" in final_actions
     finally:
         vec.close()

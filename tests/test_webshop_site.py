@@ -419,7 +419,8 @@ def test_fuzz_keywords(client, store, value):
 @given(st.one_of(segment_text, segment_bytes, st.integers(-10, 10**6).map(str)))
 def test_fuzz_page_number(client, store, value):
     asin = store.products[0]["asin"]
-    text = value if isinstance(value, str) else ""
+    # bytes such as b"7" are a valid page number too once decoded
+    text = value if isinstance(value, str) else value.decode("utf-8", errors="replace")
     valid = text.isascii() and text.isdigit() and not text.startswith("0")
     for path in (f"/search_results/fixed_0/%5B'shoes'%5D/{_encoded(value)}",
                  f"/item_page/fixed_0/{asin}/%5B'shoes'%5D/{_encoded(value)}/%7B%7D"):

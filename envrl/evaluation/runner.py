@@ -13,6 +13,9 @@ Workers
     (never plain ``fork``: safe when the parent runs threads). Each worker builds its agent
     and env once and reuses them; after an episode that raised, it rebuilds both. Each worker
     talks to the parent over its own pipe, so one dying cannot corrupt the others' traffic.
+    With ``ray_address`` (``envrl eval --ray ADDRESS``) the workers are Ray actors instead,
+    on any node of a Ray cluster; everything below holds for them too (an actor that dies is
+    replaced, its episode retried once), and the records are still written by the caller.
 
 Failures
     * An exception in the env or the agent ends that episode: it is recorded with ``error``
@@ -484,36 +487,184 @@ class _Pool:
     def _handle_death(self, worker: _Worker) -> None:
         worker.proc.join(timeout=5)
         reason = worker.kill_reason or _exit_reason(worker.proc.exitcode)
-        pid = worker.proc.pid
         worker.conn.close()
         self.workers.remove(worker)
-        job = worker.job
+        self._worker_lost(worker.proc.pid, reason, worker.job, worker.task_type, worker.job_started)
+
+    #: what a worker is called in messages (one, several)
+    worker_noun, workers_noun = "worker process", "worker processes"
+
+    def _worker_lost(self, pid: Any, reason: str, job: _Job | None, task_type: str, job_started: float) -> None:
+        """A worker is gone: its episode (if any) is retried once, then recorded as failed."""
+        noun = self.worker_noun
         if job is None:
             self.startup_failures += 1
-            _say(f"envrl: worker process {pid} died ({reason}) while idle; starting a new one")
+            _say(f"envrl: {noun} {pid} died ({reason}) while idle; starting a new one")
             if self.startup_failures > self.size + 3:
                 raise RunFailed(
-                    f"worker processes keep dying before playing any episode (last: {reason}); if you call "
+                    f"{self.workers_noun} keep dying before playing any episode (last: {reason}); if you call "
                     f"run_evaluation from a script, put the call under `if __name__ == \"__main__\":` "
                     f"(worker processes import the main module)")
             return
         job.attempts += 1
         where = f"episode {job.index} (task {job.task_id}, seed {job.seed})"
         if job.attempts <= MAX_RETRIES:
-            _say(f"envrl: worker process {pid} died ({reason}) during {where}; "
+            _say(f"envrl: {noun} {pid} died ({reason}) during {where}; "
                  f"starting a new worker and retrying that episode once")
             self.pending.appendleft(job)
             return
-        _say(f"envrl: worker process {pid} died again ({reason}) during {where}; "
+        _say(f"envrl: {noun} {pid} died again ({reason}) during {where}; "
              f"recording it as failed and going on")
         self.on_record(EpisodeRecord(
             run_id=self.run_id, episode_index=job.index, env_id=self.env_id, split=self.split,
-            task_id=job.task_id, task_type=worker.task_type, seed=job.seed, agent=self.agent_label,
+            task_id=job.task_id, task_type=task_type, seed=job.seed, agent=self.agent_label,
             success=False, score=0.0, turns=0, valid_action_ratio=None,
-            wall_time=time.monotonic() - worker.job_started,
-            error=f"worker process died {job.attempts} times during this episode ({reason})",
+            wall_time=time.monotonic() - job_started,
+            error=f"{noun} died {job.attempts} times during this episode ({reason})",
             finished_at=time.time(),
         ))
+
+
+# ---- Ray actors instead of worker processes (``--ray``) ---------------------------------
+
+
+class _Notes:
+    """Stands in for a worker's pipe in :func:`_play_episode` (an actor returns the record)."""
+
+    def send(self, message: tuple) -> None:
+        pass
+
+
+class _EpisodeActor:
+    """A Ray actor that plays episodes exactly as a worker process does: it builds the agent
+    and env once (again after an episode that raised) and returns each episode's record."""
+
+    def __init__(self, environ: dict[str, str], env_id: str, split: str, env_kwargs: dict[str, Any],
+                 agent_spec: AgentSpec, env_name: str, run_id: str, agent_label: str) -> None:
+        from envrl.envs.vector_ray import apply_forwarded_environment
+
+        apply_forwarded_environment(environ)
+        self.env_id, self.split, self.env_kwargs = env_id, split, env_kwargs
+        self.agent_spec, self.env_name, self.run_id, self.agent_label = agent_spec, env_name, run_id, agent_label
+        self.agent = self.env = None
+        self.init_error: str | None = None
+        try:
+            self._build()
+        except Exception as exc:
+            self.init_error = _describe(exc)
+
+    def _build(self) -> None:
+        _close(self.env)
+        _close(self.agent)
+        self.agent = _build_agent(self.agent_spec, self.env_name)
+        self.env = _build_env(self.env_id, self.split, self.env_kwargs)
+
+    def ready(self) -> tuple[str, Any]:
+        return ("init_error", self.init_error) if self.init_error else ("ready", os.getpid())
+
+    def play(self, index: int, task_id: str, seed: int) -> dict[str, Any]:
+        record, broken = _play_episode(_Notes(), self.env, self.agent, run_id=self.run_id, index=index,
+                                       env_id=self.env_id, split=self.split, task_id=task_id, seed=seed,
+                                       agent_label=self.agent_label)
+        if broken:
+            self._build()
+        return record.to_dict()
+
+    def close(self) -> None:
+        _close(self.env)
+        _close(self.agent)
+
+
+@dataclass
+class _ActorSlot:
+    actor: Any
+    ref: Any = None  # the call in flight: ready() until it answers, then play()
+    pid: Any = "?"
+    ready: bool = False
+    job: _Job | None = None
+    job_started: float = 0.0
+    kill_reason: str | None = None
+
+
+class _RayPool(_Pool):
+    """:class:`_Pool` with Ray actors instead of worker processes: the same jobs, retries,
+    timeouts and records (written here, by the driver). ``worker_args`` start with the
+    forwarded environment (:func:`envrl.envs.vector_ray.forwarded_environment`)."""
+
+    worker_noun, workers_noun = "Ray actor", "Ray actors"
+
+    def __init__(self, size: int, worker_args: tuple, on_record: Callable[[EpisodeRecord], None], *,
+                 ray_address: str, **kwargs: Any) -> None:
+        super().__init__(size, worker_args, on_record, start_method="spawn", **kwargs)
+        self.ray_address = ray_address
+        self.slots: list[_ActorSlot] = []
+
+    def run(self, jobs: list[_Job]) -> None:
+        import ray
+
+        from envrl.envs.vector_ray import DEFAULT_NUM_CPUS, connect_ray, kill_actor, release_ray, remote_class
+
+        try:
+            owned = connect_ray(self.ray_address)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise RunFailed(f"cannot connect to Ray at {self.ray_address!r}: {_one_line(exc)}") from exc
+        self.actor_class = remote_class(_EpisodeActor).options(num_cpus=DEFAULT_NUM_CPUS, max_restarts=0)
+        self.pending.extend(jobs)
+        graceful = False
+        try:
+            while self.pending or any(s.job is not None for s in self.slots):
+                busy = sum(1 for s in self.slots if s.job is not None)
+                while len(self.slots) < min(self.size, busy + len(self.pending)):
+                    slot = _ActorSlot(self.actor_class.remote(*self.worker_args))
+                    slot.ref = slot.actor.ready.remote()
+                    self.slots.append(slot)
+                for slot in self.slots:
+                    if self.pending and slot.ready and slot.job is None:
+                        slot.job = job = self.pending.popleft()
+                        slot.job_started = time.monotonic()
+                        slot.ref = slot.actor.play.remote(job.index, job.task_id, job.seed)
+                timeout = 1.0 if self.episode_timeout is None else min(1.0, max(0.05, self.episode_timeout / 4))
+                refs = [s.ref for s in self.slots if s.ref is not None]
+                done, _ = ray.wait(refs, num_returns=1, timeout=timeout) if refs else ([], [])
+                for slot in [s for s in self.slots if s.ref in done]:
+                    self._handle_reply(slot, ray.get, kill_actor)
+                now = time.monotonic()
+                for slot in self.slots:
+                    if (self.episode_timeout is not None and slot.job is not None and slot.kill_reason is None
+                            and now - slot.job_started > self.episode_timeout):
+                        slot.kill_reason = f"the episode exceeded its {self.episode_timeout:g}s timeout"
+                        kill_actor(slot.actor)
+            graceful = True
+        finally:
+            try:
+                if graceful and self.slots:
+                    closing = [s.actor.close.remote() for s in self.slots]
+                    ray.wait(closing, num_returns=len(closing), timeout=5)
+                for slot in self.slots:
+                    kill_actor(slot.actor)
+            finally:
+                self.slots.clear()
+                release_ray(owned)
+
+    def _handle_reply(self, slot: _ActorSlot, get: Callable[[Any], Any], kill: Callable[[Any], None]) -> None:
+        ref, slot.ref = slot.ref, None
+        try:
+            kind, value = ("done", get(ref)) if slot.job is not None else get(ref)
+        except Exception as exc:  # the actor died (or play() raised: its actor is replaced too)
+            kill(slot.actor)
+            self.slots.remove(slot)
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            reason = slot.kill_reason or f"{type(exc).__name__}: {lines[-1] if lines else exc!r}"
+            self._worker_lost(slot.pid, reason, slot.job, "", slot.job_started)
+            return
+        if kind == "init_error":
+            raise RunFailed(f"a Ray actor could not build the agent and env: {value}")
+        if kind == "ready":
+            slot.ready, slot.pid = True, value
+            return
+        slot.job = None
+        self.startup_failures = 0
+        self.on_record(EpisodeRecord.from_dict(value))
 
 
 def _probe_task_ids(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> list[str]:
@@ -552,6 +703,7 @@ def run_evaluation(
     *,
     episode_timeout: float | None = None,
     start_method: str | None = None,
+    ray_address: str | None = None,
 ) -> RunSummary:
     """Play episodes ``0..episodes-1`` of ``env_name``/``split`` with ``agent_spec`` and record them.
 
@@ -565,6 +717,11 @@ def run_evaluation(
     resumes: only episodes not yet recorded are played. Raises :class:`EvaluationError` on bad
     input, :class:`~envrl.evaluation.store.RunLocked` if another process writes the run,
     and lets KeyboardInterrupt through after closing the run cleanly.
+
+    ``ray_address`` plays the episodes on ``workers`` Ray actors instead of worker processes:
+    a cluster's address, ``"auto"`` (a running cluster, else a new local instance) or
+    ``"local"`` (a new local instance); see :mod:`envrl.envs.vector_ray`. Records are still
+    written here, and an episode whose actor dies is retried once, as with processes.
     """
     wall_start = time.perf_counter()
     if not isinstance(episodes, int) or episodes < 1:
@@ -573,6 +730,11 @@ def run_evaluation(
         raise EvaluationError(f"workers must be an integer >= 1, got {workers!r}")
     if episode_timeout is not None and episode_timeout <= 0:
         raise EvaluationError(f"episode_timeout must be > 0, got {episode_timeout!r}")
+    if ray_address is not None:
+        try:
+            import ray  # noqa: F401
+        except ImportError as exc:
+            raise EvaluationError("playing on Ray needs Ray: pip install 'envrl[ray]'") from exc
     env_short, env_id = resolve_env(env_name)
 
     # Build the agent and the env once here: bad input fails now, with a clear message.
@@ -606,6 +768,7 @@ def run_evaluation(
         "seed": seed,
         "env_kwargs": merged_kwargs,
         "workers": workers,
+        "backend": "ray" if ray_address is not None else "processes",
         "task_count": len(task_ids),
         "task_ids_sha256": hashlib.sha256("\n".join(task_ids).encode("utf-8")).hexdigest(),
         "episode_rule": "episode i plays task_ids[i % task_count] with seed + i",
@@ -644,11 +807,17 @@ def run_evaluation(
                 bar.set_postfix(success=f"{counts['success'] / max(1, bar.n):.0%}", errors=counts["errors"],
                                 refresh=False)
 
-            pool = _Pool(min(workers, len(jobs)),
-                         (environment_snapshot(), env_id, split, merged_kwargs, agent_spec, env_short, run_id,
-                          agent_label),
-                         on_record, run_id=run_id, env_id=env_id, split=split, agent_label=agent_label,
-                         episode_timeout=episode_timeout, start_method=start_method or default_start_method())
+            worker_args = (env_id, split, merged_kwargs, agent_spec, env_short, run_id, agent_label)
+            common = dict(run_id=run_id, env_id=env_id, split=split, agent_label=agent_label,
+                          episode_timeout=episode_timeout)
+            if ray_address is None:
+                pool = _Pool(min(workers, len(jobs)), (environment_snapshot(), *worker_args), on_record,
+                             start_method=start_method or default_start_method(), **common)
+            else:
+                from envrl.envs.vector_ray import forwarded_environment
+
+                pool = _RayPool(min(workers, len(jobs)), (forwarded_environment(), *worker_args), on_record,
+                                ray_address=ray_address, **common)
             pool.run(jobs)
     except KeyboardInterrupt:
         if bar is not None:

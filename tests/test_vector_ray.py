@@ -1,0 +1,240 @@
+"""Vector envs and evaluation runs on Ray actors, on one local Ray instance for this module.
+
+Skipped when Ray is not installed (``pip install 'envrl[ray]'``). The instance is started
+once (2 CPUs, no dashboard) with this directory on the actors' PYTHONPATH, so that they can
+import test_eval_fakes, and shut down at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'envrl[ray]')")
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO = TESTS_DIR.parent
+sys.path.insert(0, str(TESTS_DIR))
+
+import test_eval_fakes as fakes  # noqa: E402
+from test_vector import (  # noqa: E402
+    check_autoreset_and_options,
+    check_bad_kwargs_raise_the_env_error,
+    check_exception_in_step_restarts_that_env,
+    check_lost_worker_is_replaced,
+    check_seeds_match_single_envs,
+    wait_gone,
+)
+
+from envrl.envs.vector import make_vec  # noqa: E402
+from envrl.evaluation import run_evaluation  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    """One local Ray instance for the module (reused, and left alone, if one is running)."""
+    started = not ray.is_initialized()
+    if started:
+        pythonpath = os.pathsep.join([str(REPO), str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    yield
+    if started:
+        ray.shutdown()
+
+
+def make_ray(name, num_envs, **kwargs):
+    return make_vec(name, num_envs, backend="ray", **kwargs)
+
+
+def test_ray_seeds_match_single_envs():
+    check_seeds_match_single_envs(make_ray)
+
+
+def test_ray_autoreset_and_options():
+    check_autoreset_and_options(make_ray)
+
+
+def test_ray_killed_actor_is_replaced_and_the_other_episode_goes_on():
+    killed = []
+
+    def kill_actor(vec, i):
+        killed.append(vec.actors[i])
+        ray.kill(vec.actors[i])
+
+    check_lost_worker_is_replaced(make_ray, kill_actor, "killed by `ray.kill`")
+    assert ray.is_initialized()  # the instance this module started is still up
+
+
+def test_ray_actor_process_sigkilled_is_replaced():
+    pids = []
+
+    def sigkill(vec, i):
+        pids.append(vec.pids[i])
+        os.kill(vec.pids[i], signal.SIGKILL)
+
+    check_lost_worker_is_replaced(make_ray, sigkill, "Ray actor lost")
+    assert not wait_gone(pids)
+
+
+@pytest.mark.slow  # ~7 s: Ray takes ~4 s to kill a stopped process (the subprocess twin is fast)
+def test_ray_hung_actor_is_killed_after_the_timeout():
+    stopped = []
+
+    def sigstop(vec, i):
+        stopped.append(vec.pids[i])
+        os.kill(vec.pids[i], signal.SIGSTOP)
+
+    check_lost_worker_is_replaced(make_ray, sigstop, "no answer within 1s", timeout=1.0)
+    assert not wait_gone(stopped)
+
+
+def test_ray_exception_in_step_restarts_that_env():
+    check_exception_in_step_restarts_that_env(make_ray)
+
+
+def test_ray_bad_kwargs_raise_the_env_error():
+    check_bad_kwargs_raise_the_env_error(make_ray)
+
+
+def test_ray_close_kills_the_actors_and_keeps_ray():
+    vec = make_ray(fakes.ENV_ID, 2, split="train")
+    pids = vec.pids
+    vec.reset(seed=0)
+    vec.close()
+    assert not wait_gone(pids)
+    assert ray.is_initialized()  # not started by the vector env: not shut down by it
+
+
+def test_ray_forwards_envrl_variables(monkeypatch):
+    """Actors see the caller's ENVRL_* variables as they are now, not as Ray started."""
+    monkeypatch.setenv("ENVRL_FAKE_RAISE_ON", "t1")
+    vec = make_ray(fakes.ENV_ID, 1, split="train")
+    try:
+        assert vec.get_attr("raise_on") == ("t1",)
+    finally:
+        vec.close()
+
+
+def test_ray_webshop():
+    vec = make_ray("webshop", 2, split="test")
+    single = gym.make("envrl/WebShop-v0", split="test")
+    try:
+        observations, infos = vec.reset(seed=[3, 4])
+        assert observations[0] == single.reset(seed=3)[0]
+        action = infos["admissible_actions"][0][-1]
+        observations, _, _, _, infos = vec.step([action, infos["admissible_actions"][1][-1]])
+        assert observations[0] == single.step(action)[0]
+    finally:
+        vec.close()
+        single.close()
+
+
+def test_ray_alfworld(monkeypatch):
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)  # built-in games, whatever Ray started with
+    vec = make_ray("alfworld", 2, split="valid_seen")
+    single = gym.make("envrl/ALFWorld-v0", split="valid_seen")
+    try:
+        observations, infos = vec.reset(seed=[0, 1])
+        first, first_info = single.reset(seed=1)
+        assert observations[1] == first and infos["task_id"][1] == first_info["task_id"]
+        actions = [infos["admissible_actions"][i][0] for i in range(2)]
+        observations, _, _, _, _ = vec.step(actions)
+        assert observations[1] == single.step(actions[1])[0]
+    finally:
+        vec.close()
+        single.close()
+
+
+# ---- evaluation runs on Ray ----------------------------------------------------------------
+
+
+def _outcomes(summary):
+    return [(r.episode_index, r.task_id, r.success, r.turns, r.error) for r in summary.records]
+
+
+def test_eval_on_ray_matches_processes(tmp_path):
+    on_ray = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=2, runs_dir=tmp_path / "ray",
+                            progress=False, ray_address="auto")
+    local = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=2,
+                           runs_dir=tmp_path / "local", progress=False)
+    assert on_ray.episodes_done == 6 and on_ray.errors == 0
+    assert _outcomes(on_ray) == _outcomes(local)
+    assert ray.is_initialized()
+    # resuming on Ray plays only what is missing
+    again = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=8, workers=2, runs_dir=tmp_path / "ray",
+                           progress=False, ray_address="auto")
+    assert again.episodes_played == 2 and again.episodes_done == 8
+
+
+def test_eval_on_ray_retries_an_episode_whose_actor_died(tmp_path, capsys):
+    marker = tmp_path / "died-once"
+    summary = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=4, workers=2, runs_dir=tmp_path,
+                             progress=False, ray_address="auto",
+                             env_kwargs={"die_on": "t2", "die_marker": str(marker)})
+    assert marker.exists() and summary.errors == 0 and summary.records[2].success
+    assert "Ray actor" in capsys.readouterr().err
+
+    always = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=4, workers=2, runs_dir=tmp_path,
+                            run_id="always", progress=False, ray_address="auto",
+                            env_kwargs={"die_on": "t2", "die_always": True})
+    failed = always.records[2]
+    assert always.errors == 1 and failed.error.startswith("Ray actor died 2 times")
+    assert [r.error for i, r in enumerate(always.records) if i != 2] == [None, None, None]
+
+
+def test_cli_eval_ray(tmp_path, capsys):
+    from envrl.cli import main
+
+    code = main(["eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "random", "--episodes", "3",
+                 "--workers", "2", "--ray", "auto", "--runs-dir", str(tmp_path), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert "episodes: 3/3 recorded" in capsys.readouterr().out
+
+
+def test_an_unreachable_address_fails_fast(tmp_path, capsys):
+    from envrl.cli import main
+    from envrl.envs.vector_ray import _check_reachable
+
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="nothing answers"):
+        _check_reachable("ray://127.0.0.1:1")
+    assert time.monotonic() - start < 10
+    assert main(["eval", "--env", "webshop", "--split", "test", "--agent", "random", "--episodes", "1",
+                 "--ray", " ", "--runs-dir", str(tmp_path)]) == 2
+    assert "--ray needs an address" in capsys.readouterr().err
+
+
+OWN_INSTANCE = textwrap.dedent("""
+    import ray
+    import test_eval_fakes as fakes
+    from envrl.envs.vector import make_vec
+
+    if __name__ == "__main__":
+        vec = make_vec(fakes.ENV_ID, 1, backend="ray", ray_address="local", split="train",
+                       ray_init_kwargs={"num_cpus": 1, "log_to_driver": False,
+                                        "runtime_env": {"env_vars": {"PYTHONPATH": %r}}})
+        vec.reset(seed=0)
+        assert ray.is_initialized()
+        vec.close()
+        print("shut down:", not ray.is_initialized())
+""")
+
+
+@pytest.mark.slow
+def test_an_instance_envrl_started_is_shut_down_with_its_last_user(tmp_path):
+    script = tmp_path / "own.py"
+    script.write_text(OWN_INSTANCE % str(TESTS_DIR))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS_DIR)]))
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert "shut down: True" in out.stdout, out.stderr[-2000:]
+    assert time.monotonic() - start < 120
