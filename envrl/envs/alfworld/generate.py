@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from envrl.envs.alfworld import scenes
+from envrl.cache import engine_cache
 from envrl.envs.alfworld.scenes import FloorPlan, Goal
 from envrl.envs.alfworld.tasks import TASK_TYPES
 
@@ -146,11 +147,7 @@ def default_workers() -> int:
 
 
 def cache_root(cache_dir: Path | None = None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir)
-    if os.environ.get("ENVRL_CACHE"):
-        return Path(os.environ["ENVRL_CACHE"]) / "alfworld"
-    return Path.home() / ".cache" / "envrl" / "alfworld"
+    return engine_cache("alfworld", cache_dir)
 
 
 def version_name() -> str:

@@ -46,6 +46,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from envrl.cache import engine_cache
+
 GENERATOR_VERSION = "1"
 SEED = 20220701
 DEFAULT_NUM_PRODUCTS = 1000
@@ -494,8 +496,7 @@ def generate(num_products: int = DEFAULT_NUM_PRODUCTS) -> tuple[list[dict], dict
 
 def cache_root() -> Path:
     """``$ENVRL_CACHE/webshop``, default ``~/.cache/envrl/webshop``."""
-    base = os.environ.get("ENVRL_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "envrl") / "webshop"
+    return engine_cache("webshop")
 
 
 def builtin_dir_name(num_products: int) -> str:

@@ -95,8 +95,9 @@ class WebShopEnv(TextEnv):
         self.mode = mode
         self.expert_plan = expert_plan
         self.store = load_store(num_products=num_products, data_dir=data_dir)
-        self._goal_ids = self.store.split_goals(split)  # ValueError naming the splits if unknown
-        self._task_ids = [f"fixed_{i}" for i in self._goal_ids]
+        # split_goals raises a ValueError naming the splits if ``split`` is unknown
+        self._task_ids = [f"fixed_{i}" for i in self.store.split_goals(split)]
+        self._task_set = frozenset(self._task_ids)
         self._local_server: LocalServer | None = None
         self._transport = self._connect(server_url)
         self._page: Page | None = None
@@ -120,9 +121,7 @@ class WebShopEnv(TextEnv):
     def _split_task_ids(self) -> Sequence[str]:
         return self._task_ids
 
-    def _task_index(self) -> set[str]:
-        if not hasattr(self, "_task_set"):
-            self._task_set = set(self._task_ids)
+    def _task_index(self) -> frozenset[str]:
         return self._task_set
 
     def _start_task(self, task_id: str) -> TaskStart:
