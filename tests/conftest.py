@@ -1,4 +1,4 @@
-"""Shared fixtures: the official ALFWorld samples in ../shared/data, and isolated caches."""
+"""Shared fixtures: the official ALFWorld samples in ../shared/data, isolated caches, TextWorld games."""
 
 from __future__ import annotations
 
@@ -50,3 +50,18 @@ def tiny_checkpoint_plain(tmp_path_factory) -> Path:
     from tiny_lm import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_lm_plain"), chat_template=False)
+
+
+#: TextWorld ids per split that the fast tests play: the first game of each family
+TEXTWORLD_PLAYED = 3
+
+
+@pytest.fixture(scope="session")
+def tw_cache(tmp_path_factory) -> Path:
+    """A temporary TextWorld cache with the first ``TEXTWORLD_PLAYED`` games of every split (~20 s)."""
+    from envrl.envs.textworld import generate
+
+    cache = tmp_path_factory.mktemp("textworld-cache")
+    for split in generate.SPLITS:
+        generate.pregenerate(split, workers=2, limit=TEXTWORLD_PLAYED, cache_dir=cache)
+    return cache

@@ -24,27 +24,20 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envrl.envs  # noqa: F401  (registers the envrl ids)
+from conftest import TEXTWORLD_PLAYED
 from envrl.agents import make_agent
-from envrl.envs.base import INFO_KEYS, MAX_ACTION_LENGTH
+from envrl.envs.base import EPISODE_OVER_FEEDBACK, INFO_KEYS, MAX_ACTION_LENGTH
 from envrl.envs.textworld import generate
 from envrl.envs.textworld.env import CHAINED_FEEDBACK, META_FEEDBACK, TextWorldEnv, clean_observation
 from envrl.envs.textworld.generate import FAMILIES, SPLIT_SIZES, SPLITS
 
 ENV_ID = "envrl/TextWorld-v0"
-PLAYED = 3  # ids per split that the fast tests play: one game of each family
+PLAYED = TEXTWORLD_PLAYED  # ids per split that the fast tests play: one game of each family
 ROOT = Path(__file__).resolve().parents[1]
 
 if ENV_ID not in gym.registry:  # until envrl.envs registers it
     gym.register(id=ENV_ID, entry_point="envrl.envs.textworld.env:TextWorldEnv", max_episode_steps=50,
                  disable_env_checker=True)
-
-
-@pytest.fixture(scope="session")
-def tw_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("textworld-cache")
-    for split in SPLITS:
-        generate.pregenerate(split, workers=2, limit=PLAYED, cache_dir=cache)
-    return cache
 
 
 @pytest.fixture
@@ -240,7 +233,7 @@ def test_observations_rewards_and_game_end(tw_cache):
     assert "*** The End ***" in observation and "RESTART" not in observation
     # Steps after the end do not reach the interpreter (it would only ask to restart).
     observation, reward, terminated, truncated, info = env.step("look")
-    assert observation == "The game is over." and reward == 0.0 and terminated and not info["valid_action"]
+    assert observation == EPISODE_OVER_FEEDBACK and reward == 0.0 and terminated and not info["valid_action"]
     assert info["success"] and info["score"] == 1.0
 
 
@@ -267,6 +260,7 @@ def test_bad_actions_give_feedback_and_never_crash(tw_cache):
     bad = [
         ("go north. go south", CHAINED_FEEDBACK), ("go north then go south", CHAINED_FEEDBACK),
         ("go north;go south", CHAINED_FEEDBACK), ("take key, box", CHAINED_FEEDBACK),
+        ("look\r\nquit", CHAINED_FEEDBACK), ("go north\ngo south", CHAINED_FEEDBACK), ("look\u2028quit", CHAINED_FEEDBACK),
         ("prendre la clé", CHAINED_FEEDBACK), ("\x00\x01\x1b[2J", CHAINED_FEEDBACK), ("漢字", CHAINED_FEEDBACK),
         ("restart", META_FEEDBACK), ("quit", META_FEEDBACK), ("undo", META_FEEDBACK), ("SAVE", META_FEEDBACK),
         ("restore", META_FEEDBACK), ("script", META_FEEDBACK), ("tw-extra-infos score", META_FEEDBACK),
@@ -281,9 +275,9 @@ def test_bad_actions_give_feedback_and_never_crash(tw_cache):
             assert observation == feedback, action
         else:
             assert observation.startswith("Invalid action") and len(observation) < 200
-    # Other text reaches the game as one line (whitespace, newlines included, is collapsed), and
-    # the game answers in its own words; nothing changes.
-    for action in ("xyzzy", "dance wildly", "take the moon", "go up", "go north\ngo south"):
+    # Other text reaches the game as one line (runs of spaces and tabs are collapsed, and line
+    # breaks around the command are dropped), and the game answers in its own words; nothing changes.
+    for action in ("xyzzy", "dance wildly", "take the moon", "go up", "go\t up\n"):
         observation, reward, terminated, truncated, info = env.step(action)
         assert observation and not info["valid_action"] and info["expert_plan"] == plan, action
     # Case and spacing do not matter for admissible commands.

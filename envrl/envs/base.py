@@ -7,11 +7,25 @@ strings. Subclasses implement three small hooks (``_split_task_ids``, ``_start_t
 * the text spaces,
 * choosing a task from ``seed`` or ``options["task_id"]``,
 * screening actions (wrong type, too long) so that no input can crash an engine,
-* the ``info`` keys, filled the same way for every env.
+* the ``info`` keys, filled the same way for every env,
+* what happens after an episode ends, and after ``close()``.
 
-Step limits are not enforced here: every id is registered with its default limit, so
-``gym.make`` wraps the env in Gymnasium's own ``TimeLimit`` (``truncated=True``), and
-``gym.make(..., max_episode_steps=N)`` changes it. One mechanism, the standard one.
+Step limits: every id is registered with its default limit, so ``gym.make`` wraps the env in
+Gymnasium's own ``TimeLimit`` (``truncated=True``), and ``gym.make(..., max_episode_steps=N)``
+changes it. One mechanism, the standard one. Gymnasium hides the limit from the env itself, so
+each id is also registered with :class:`TruncationSignal`, an outer wrapper that tells the env
+when ``TimeLimit`` has truncated its episode.
+
+Episode ends are final. Once a step has returned ``terminated=True`` (won, bought, failed) or
+``truncated=True`` (the step limit), the episode's outcome is fixed: every further ``step()`` is
+answered with :data:`EPISODE_OVER_FEEDBACK`, reward 0.0, the same ``terminated``/``truncated``
+flags, ``valid_action=False``, no admissible actions, and the final ``success`` and ``score``;
+the engine never sees the action. So training loops and vector envs that step past the end (or
+sum rewards over a padded batch) can never change or double-count an outcome.
+
+``close()`` is final too: ``reset()`` or ``step()`` after it raise
+``gymnasium.error.ClosedEnvironmentError``; ``close()`` twice is harmless. Subclasses free
+their engines in :meth:`TextEnv._close_engine`.
 """
 
 from __future__ import annotations
@@ -27,6 +41,9 @@ import gymnasium as gym
 # passed to the engine: it returns feedback instead (a 1 MB string must not stall a step).
 MAX_ACTION_LENGTH = 1024
 MAX_OBSERVATION_LENGTH = 1 << 20
+
+#: the observation of every step taken after the episode ended (see the module docstring)
+EPISODE_OVER_FEEDBACK = "The episode is over; call reset() to start a new one."
 
 INFO_KEYS = (
     "task_id",
@@ -104,6 +121,8 @@ class TextEnv(gym.Env[str, str]):
         self._instruction = ""
         self._steps = 0
         self._terminated = False
+        self._truncated = False
+        self._closed = False
         self._last_observation = ""
         self._last_info: dict[str, Any] = {}
 
@@ -119,7 +138,10 @@ class TextEnv(gym.Env[str, str]):
 
     @abstractmethod
     def _apply(self, action: str) -> StepResult:
-        """Apply a screened action (a ``str`` within the length limit)."""
+        """Apply a screened action (a ``str`` within the length limit) to a running episode."""
+
+    def _close_engine(self) -> None:
+        """Free the engine (processes, servers, browsers); called once, by :meth:`close`."""
 
     # ---- public API ------------------------------------------------------------------
 
@@ -133,6 +155,9 @@ class TextEnv(gym.Env[str, str]):
         return self._task_id
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        self._check_open()
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"options must be a dict such as {{'task_id': ...}}, got {type(options).__name__}")
         super().reset(seed=seed)
         task_id = self._choose_task(options or {})
         start = self._start_task(task_id)
@@ -141,6 +166,7 @@ class TextEnv(gym.Env[str, str]):
         self._instruction = start.instruction
         self._steps = 0
         self._terminated = False
+        self._truncated = False
         info = self._info(
             admissible_actions=start.admissible_actions,
             valid_action=True,
@@ -152,16 +178,15 @@ class TextEnv(gym.Env[str, str]):
         return start.observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self._check_open()
         if self._task_id is None:
             raise gym.error.ResetNeeded("Call reset() before step().")
         self._steps += 1
+        if self.ended is not None:
+            return self._unchanged(EPISODE_OVER_FEEDBACK, admissible_actions=[])
         problem = self._screen(action)
         if problem is not None:
-            # The engine never saw the action, so its state (and every key the env adds to
-            # info, such as an expert's plan) is what the previous step left.
-            info = {**self._last_info, "step": self._steps, "valid_action": False, "feedback": problem}
-            self._remember(problem, info)
-            return problem, 0.0, self._terminated, False, info
+            return self._unchanged(problem)
         result = self._apply(action)
         self._terminated = bool(result.terminated)
         info = self._info(
@@ -172,7 +197,23 @@ class TextEnv(gym.Env[str, str]):
             extra=result.extra,
         )
         self._remember(result.observation, info)
-        return result.observation, float(result.reward), bool(result.terminated), False, info
+        return result.observation, float(result.reward), self._terminated, False, info
+
+    @property
+    def ended(self) -> tuple[bool, bool] | None:
+        """``(terminated, truncated)`` once the running episode has ended, else None."""
+        return (self._terminated, self._truncated) if self._terminated or self._truncated else None
+
+    def mark_truncated(self) -> None:
+        """End the running episode at the step limit (called by :class:`TruncationSignal`)."""
+        if self._task_id is not None and not self._terminated:
+            self._truncated = True
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close_engine()
+        super().close()
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -182,6 +223,21 @@ class TextEnv(gym.Env[str, str]):
         return None
 
     # ---- helpers ---------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise gym.error.ClosedEnvironmentError(f"{type(self).__name__} was closed; make a new env to play again")
+
+    def _unchanged(self, feedback: str, **changes: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """A step the engine never sees: an action screened out, or any step after the end.
+
+        The engine's state (and every key the env adds to ``info``, such as the outcome or an
+        expert's plan) is what the previous step left; only the step count, the validity and
+        the feedback change.
+        """
+        info = {**self._last_info, **changes, "step": self._steps, "valid_action": False, "feedback": feedback}
+        self._remember(feedback, info)
+        return feedback, 0.0, self._terminated, self._truncated, info
 
     def _choose_task(self, options: dict[str, Any]) -> str:
         task_ids = self._split_task_ids()
@@ -231,3 +287,29 @@ class TextEnv(gym.Env[str, str]):
         self._last_observation = observation
         self._last_info = info
 
+
+
+class TruncationSignal(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
+    """Tells a :class:`TextEnv` that the ``TimeLimit`` below it has truncated the episode.
+
+    ``gym.make`` applies ``TimeLimit`` but gives the env itself no way to know the limit
+    (``env.unwrapped.spec.max_episode_steps`` is None by design), so without this wrapper a
+    step past the limit would still reach the engine and could change the outcome. And
+    ``TimeLimit`` counts every call, also after the episode ended, so past the end this wrapper
+    reports the flags the episode ended with. Every envrl id is registered with it (see
+    ``envrl.envs.register_envs``).
+    """
+
+    def __init__(self, env: gym.Env[str, str]):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        text_env: TextEnv = self.env.unwrapped  # type: ignore[assignment]
+        ended = text_env.ended
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        if ended is not None:
+            terminated, truncated = ended
+        elif truncated:
+            text_env.mark_truncated()
+        return observation, reward, terminated, truncated, info

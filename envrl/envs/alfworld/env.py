@@ -202,9 +202,8 @@ class ALFWorldEnv(TextEnv):
         plan = engine._pddl_state.replan(engine._entity_infos) or []
         return [engine_lib.translate_command(a, self.command_style) for a in plan]
 
-    def close(self) -> None:
+    def _close_engine(self) -> None:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
             self._loaded_task = None
-        super().close()

@@ -59,7 +59,6 @@ _BLANK_RUNS = re.compile(r"\n{3,}")
 CHAINED_FEEDBACK = "One command at a time, please, made of letters, digits, spaces, hyphens and apostrophes."
 TOO_LONG_FEEDBACK = "That command is too long."
 META_FEEDBACK = "That command is not available in this game."
-GAME_OVER_FEEDBACK = "The game is over."
 
 
 def clean_observation(text: str, first: bool = False) -> str:
@@ -168,13 +167,10 @@ class TextWorldEnv(TextEnv):
         )
 
     def _apply(self, action: str) -> StepResult:
-        if self._won or self._lost:  # the game is over; the interpreter only asks to restart
-            command, feedback = None, GAME_OVER_FEEDBACK
-        else:
-            command, feedback = self._engine_command(action)
+        command, feedback = self._engine_command(action)
         if command is None:
             return StepResult(
-                observation=feedback, reward=0.0, terminated=self._won or self._lost, valid_action=False,
+                observation=feedback, reward=0.0, terminated=False, valid_action=False,
                 success=self._won, score=self._score(), admissible_actions=sorted(self._admissible.values()),
                 extra=self._extra(feedback=feedback),
             )
@@ -199,6 +195,8 @@ class TextWorldEnv(TextEnv):
 
     def _engine_command(self, action: str) -> tuple[str | None, str]:
         """The command to send to the game, or None and the feedback for text that must not reach it."""
+        if len(action.strip().splitlines()) > 1:  # before normalizing, which joins lines
+            return None, CHAINED_FEEDBACK
         key = normalize_command(action)
         if key in self._admissible:
             return self._admissible[key], ""
@@ -245,7 +243,3 @@ class TextWorldEnv(TextEnv):
             self._tw.close()
             self._tw = None
         self._game = None
-
-    def close(self) -> None:
-        self._close_engine()
-        super().close()
