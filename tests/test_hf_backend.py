@@ -76,6 +76,27 @@ def test_token_counts_match_the_tokenizer(backend):
             assert gen.completion_tokens == GREEDY.max_new_tokens
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=3)])
+def test_generations_keep_their_tokens_and_logprobs(backend, sampling):
+    """Token ids and log-probabilities equal a direct forward pass over prompt + response."""
+    gens = backend.generate(PROMPTS, sampling)  # one padded batch
+    temperature = sampling.temperature or 1.0
+    for messages, gen in zip(PROMPTS, gens):
+        assert gen.prompt_token_ids == backend.encode(messages)
+        assert len(gen.token_ids) == len(gen.token_logprobs) == gen.completion_tokens
+        stop = gen.token_ids[-1] in backend.stop_ids
+        assert stop == (gen.finish_reason == "stop")
+        body = gen.token_ids[:-1] if stop else gen.token_ids
+        assert backend.tokenizer.decode(body, skip_special_tokens=True) == gen.text
+        ids = torch.tensor([gen.prompt_token_ids + gen.token_ids])
+        with torch.no_grad():
+            logits = backend._model(ids).logits[0, len(gen.prompt_token_ids) - 1:-1].float() / temperature
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(gen.token_ids)[:, None])[:, 0]
+        assert gen.token_logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+        if sampling is GREEDY:  # greedy picks the most likely token each time
+            assert torch.equal(logits.argmax(-1), torch.tensor(gen.token_ids))
+
+
 def test_greedy_output_does_not_depend_on_the_batch(backend, tiny_checkpoint):
     """Each prompt alone, all together (left-padded to the longest), and in pairs: same text."""
     alone = [backend.generate([p], GREEDY)[0] for p in PROMPTS]

@@ -561,3 +561,24 @@ def test_per_prompt_seeds_go_into_each_request(serve, backend):
     assert seeds == [1, 2, None]
     with pytest.raises(ValueError, match="2 seeds for 1 prompts"):
         llm.generate([PROMPT], sampling, seeds=[1, 2])
+
+
+@pytest.mark.parametrize(
+    "logprobs, expected",
+    [
+        ({"content": [{"token": "token_id:5", "logprob": -0.5}, {"token": "token_id:7", "logprob": 0}]},
+         ([5, 7], [-0.5, 0.0])),
+        ({"content": [{"token": "Hel", "logprob": -0.5}, {"token": "lo", "logprob": -1.0}]}, (None, [-0.5, -1.0])),
+        ({"content": [{"token": "token_id:5", "logprob": "x"}]}, (None, None)),
+        ({"content": [{"token": "token_id:5", "logprob": True}]}, (None, None)),
+        ({"content": "nope"}, (None, None)),
+        ({"content": [{"token": "token_id:-1", "logprob": -1}]}, (None, [-1.0])),
+        (None, (None, None)),
+    ],
+)
+def test_logprobs_are_read_where_the_server_sent_them(logprobs, expected):
+    from envrl.agents.openai_backend import _parse_completion
+
+    body = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop", "logprobs": logprobs}]}
+    gen = _parse_completion(json.dumps(body).encode())
+    assert (gen.text, gen.token_ids, gen.token_logprobs) == ("hi", *expected)

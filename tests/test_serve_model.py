@@ -108,6 +108,28 @@ def test_client_gets_the_backends_greedy_text(live, hf_backend):
     assert reply.usage.total_tokens == expected.prompt_tokens + 16
 
 
+def test_logprobs_carry_the_exact_tokens(live, hf_backend):
+    """``logprobs=True``: the sampled token ids (as ``token_id:N``) and their log-probabilities,
+    equal to the back end's own; the ``openai:`` back end reads both back."""
+    from envrl.agents.openai_backend import OpenAIBackend
+
+    _, client, base = live
+    expected = hf_backend.generate([MESSAGES], SamplingConfig(temperature=0, max_new_tokens=16))[0]
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=16,
+                                           logprobs=True)
+    content = reply.choices[0].logprobs.content
+    assert [item.token for item in content] == [f"token_id:{t}" for t in expected.token_ids]
+    assert [item.logprob for item in content] == pytest.approx(expected.token_logprobs, abs=1e-5)
+    plain = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=16)
+    assert plain.choices[0].logprobs is None
+    remote = OpenAIBackend("tiny", base, logprobs=True)
+    try:
+        gen = remote.generate([MESSAGES], SamplingConfig(temperature=0, max_new_tokens=16))[0]
+    finally:
+        remote.close()
+    assert gen.token_ids == expected.token_ids and gen.token_logprobs == pytest.approx(expected.token_logprobs)
+
+
 def test_models_and_health(live):
     _, client, base = live
     assert [m.id for m in client.models.list()] == ["tiny"]
@@ -198,7 +220,8 @@ def _error(response, status: int) -> dict:
         ({**GOOD, "top_p": 0}, "top_p"),
         ({**GOOD, "seed": 1.5}, "seed"),
         ({**GOOD, "stop": ["\n"]}, "stop"),
-        ({**GOOD, "logprobs": True}, "logprobs"),
+        ({**GOOD, "logprobs": "yes"}, "logprobs"),
+        ({**GOOD, "top_logprobs": 3}, "top_logprobs"),
         ({k: v for k, v in GOOD.items() if k != "model"}, "model"),
     ],
 )

@@ -45,7 +45,17 @@ class SamplingConfig:
 class Generation:
     """One response. ``error`` is set (and ``text`` empty) when the request failed for good;
     ``attempts`` counts the requests made (1 when the first one answered). ``finish_reason``
-    is ``"stop"`` (end of sequence), ``"length"`` (hit ``max_new_tokens``) or ``"error"``."""
+    is ``"stop"`` (end of sequence), ``"length"`` (hit ``max_new_tokens``) or ``"error"``.
+
+    The token fields let a trainer learn from exactly what was sampled; a back end fills what it
+    knows, and nothing records them (runs keep the text and the counts only):
+
+    * ``prompt_token_ids``: the prompt as the model saw it (after any left-truncation);
+    * ``token_ids``: the response's tokens, the stop token included when there was one (so a
+      policy learns to stop); ``text`` is their decoding without it;
+    * ``token_logprobs``: each response token's log-probability under the distribution it was
+      sampled from, the model's logits divided by the temperature (1 when greedy), before top-p.
+    """
 
     text: str
     finish_reason: str = "stop"
@@ -54,6 +64,9 @@ class Generation:
     latency: float = 0.0
     attempts: int = 1
     error: str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    token_logprobs: list[float] | None = None
 
 
 @runtime_checkable

@@ -73,7 +73,6 @@ class HFBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(
             self.model, revision=revision, trust_remote_code=trust_remote_code
         )
-        self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._model = AutoModelForCausalLM.from_pretrained(
@@ -228,20 +227,25 @@ class HFBackend:
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
+                output_logits=True,
+                return_dict_in_generate=True,
             )
-        new_tokens = out[:, width:].tolist()
+            new = out.sequences[:, width:]
+            logprobs = _sampled_logprobs(out.logits, new, sampling.temperature if sample else 1.0).tolist()
+        new_tokens = new.tolist()
         latency = time.perf_counter() - start
         stops = set(self.stop_ids)
         results = []
-        for ids, tokens in zip(batch, new_tokens):
+        for ids, tokens, token_logprobs in zip(batch, new_tokens, logprobs):
             end = next((k for k, tok in enumerate(tokens) if tok in stops), None)
             if end is None:
-                body, count, reason = tokens, len(tokens), "length"
+                count, reason = len(tokens), "length"
             else:  # the stop token is counted but is not part of the text
-                body, count, reason = tokens[:end], end + 1, "stop"
-            text = self.tokenizer.decode(body, skip_special_tokens=True)
+                count, reason = end + 1, "stop"
+            text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
             results.append(Generation(
-                text=text, finish_reason=reason, prompt_tokens=len(ids), completion_tokens=count, latency=latency
+                text=text, finish_reason=reason, prompt_tokens=len(ids), completion_tokens=count, latency=latency,
+                prompt_token_ids=list(ids), token_ids=tokens[:count], token_logprobs=token_logprobs[:count],
             ))
         return results
 
@@ -294,6 +298,19 @@ class HFBackend:
                 torch.cuda.empty_cache()
         except Exception:
             pass
+
+
+def _sampled_logprobs(logits: Sequence[Any], tokens: Any, temperature: float) -> Any:
+    """``[batch, new]`` log-probabilities of the generated ``tokens`` under ``logits / temperature``.
+
+    ``logits`` are ``generate``'s raw per-step scores (before temperature and top-p), one
+    ``[batch, vocab]`` tensor per new token; positions after a row stopped hold padding and
+    are cut off by the caller.
+    """
+    import torch
+
+    stacked = torch.stack(list(logits), dim=1).float() / temperature
+    return torch.log_softmax(stacked, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1).cpu()
 
 
 def _resolve_device(device: str) -> str:

@@ -116,6 +116,7 @@ class OpenAIBackend:
         timeout: float = 60.0,
         backoff_base: float = 0.5,
         backoff_max: float = 20.0,
+        logprobs: bool = False,
     ) -> None:
         if not isinstance(model, str) or not model.strip():
             raise ValueError("OpenAIBackend needs a non-empty model name")
@@ -149,6 +150,7 @@ class OpenAIBackend:
         self.timeout = float(timeout)
         self.backoff_base = float(backoff_base)
         self.backoff_max = float(backoff_max)
+        self.logprobs = bool(logprobs)
         self._openai = openai
         self._secret = api_key  # kept only to scrub it from error text
         self._client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=self.timeout)
@@ -224,6 +226,8 @@ class OpenAIBackend:
         }
         if sampling.seed is not None:
             params["seed"] = sampling.seed
+        if self.logprobs:
+            params["logprobs"] = True
         attempts = 0
         while True:
             attempts += 1
@@ -345,12 +349,34 @@ def _parse_completion(raw: bytes) -> Generation | _Failure:
     if len(content) > MAX_TEXT_CHARS:
         content, finish_reason = content[:MAX_TEXT_CHARS], "length"
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    token_ids, token_logprobs = _token_logprobs(choice.get("logprobs"))
     return Generation(
         text=content,
         finish_reason=finish_reason,
         prompt_tokens=_count(usage.get("prompt_tokens")),
         completion_tokens=_count(usage.get("completion_tokens")),
+        token_ids=token_ids,
+        token_logprobs=token_logprobs,
     )
+
+
+def _token_logprobs(logprobs: object) -> tuple[list[int] | None, list[float] | None]:
+    """Token ids and log-probabilities from a choice's ``logprobs``, where the server sent them.
+
+    The ids are known only when every token is written ``token_id:<id>`` (``envrl serve-model``,
+    and vLLM with ``return_tokens_as_token_ids``); anything malformed gives None, never an error.
+    """
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return None, None
+    values = [item.get("logprob") if isinstance(item, dict) else None for item in content]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None, None
+    tokens = [item.get("token") for item in content]
+    ids = None
+    if all(isinstance(t, str) and t.startswith("token_id:") and t[9:].isdigit() for t in tokens):
+        ids = [int(t[9:]) for t in tokens]  # type: ignore[index]
+    return ids, [float(v) for v in values]  # type: ignore[arg-type]
 
 
 def _count(value: object) -> int:

@@ -228,8 +228,11 @@ def parse_chat_request(
         raise RequestError(400, "only n=1 is supported", param="n")
     if body.get("stream") not in (None, False):
         raise RequestError(400, "streaming is not supported; use stream=false", param="stream")
-    if body.get("logprobs") not in (None, False):
-        raise RequestError(400, "logprobs are not supported", param="logprobs")
+    if body.get("logprobs") not in (None, False, True):
+        raise RequestError(400, "'logprobs' must be a boolean", param="logprobs")
+    if body.get("top_logprobs") not in (None, 0):
+        raise RequestError(400, "'top_logprobs' is not supported (only the sampled tokens' logprobs)",
+                           param="top_logprobs")
     for name in _UNSUPPORTED:
         if body.get(name) not in (None, [], ""):
             raise RequestError(400, f"'{name}' is not supported by this server", param=name)
@@ -267,8 +270,13 @@ def parse_chat_request(
     return messages, sampling
 
 
-def completion_body(gen: Generation, *, model_name: str) -> dict[str, Any]:
-    """A ``chat.completion`` object for one successful generation."""
+def completion_body(gen: Generation, *, model_name: str, logprobs: bool = False) -> dict[str, Any]:
+    """A ``chat.completion`` object for one successful generation.
+
+    With ``logprobs``, each response token comes as ``{"token": "token_id:<id>", "logprob": ...}``
+    (the stop token included): the form vLLM uses with ``return_tokens_as_token_ids``, so a
+    client gets the exact token ids as well as their log-probabilities.
+    """
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -277,7 +285,7 @@ def completion_body(gen: Generation, *, model_name: str) -> dict[str, Any]:
         "choices": [{
             "index": 0,
             "message": {"role": "assistant", "content": gen.text},
-            "logprobs": None,
+            "logprobs": _token_logprobs(gen) if logprobs else None,
             "finish_reason": gen.finish_reason,
         }],
         "usage": {
@@ -286,6 +294,13 @@ def completion_body(gen: Generation, *, model_name: str) -> dict[str, Any]:
             "total_tokens": gen.prompt_tokens + gen.completion_tokens,
         },
     }
+
+
+def _token_logprobs(gen: Generation) -> dict[str, Any] | None:
+    if gen.token_ids is None or gen.token_logprobs is None:
+        return None
+    return {"content": [{"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
+                        for token, logprob in zip(gen.token_ids, gen.token_logprobs)]}
 
 
 # ---- the app -----------------------------------------------------------------------------
@@ -367,7 +382,7 @@ def create_app(
         gen = batcher.submit(messages, sampling)
         if gen.error is not None:
             raise RequestError(500, f"generation failed: {gen.error}", type="server_error")
-        return respond(completion_body(gen, model_name=model_name))
+        return respond(completion_body(gen, model_name=model_name, logprobs=body.get("logprobs") is True))
 
     return app
 
