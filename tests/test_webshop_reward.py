@@ -62,6 +62,33 @@ def test_similarity_matches_thefuzz(a, b, expected):
     assert R.similarity(a, b) == expected
 
 
+def _random_phrase(rng, words):
+    return " ".join(rng.choice(words) for _ in range(rng.randint(0, 5))) + rng.choice(["", "-", "!", " s"])
+
+
+def test_similarity_matches_the_real_thefuzz_on_random_pairs():
+    """The reimplementation against thefuzz itself (the original's scorer), 3,000 seeded pairs
+    drawn from option-like words, with case, punctuation, repeats and non-ASCII mixed in."""
+    import random
+
+    fuzz = pytest.importorskip("thefuzz.fuzz")
+    words = ["sea", "salt", "vinegar", "Sea-Salt", "x-large", "large", "navy", "blue", "Décor", "décor",
+             "pack", "of", "2", "12", "oz", "jalapeño", "noise", "cancelling", "canceling", "aaaa", "aaa",
+             "long", "lasting", "battery", "life", "&", "café", "ß", "日本"]
+    rng = random.Random(2024)
+    pairs = [(_random_phrase(rng, words), _random_phrase(rng, words)) for _ in range(3000)]
+    mismatches = [(a, b) for a, b in pairs if R.similarity(a, b) != fuzz.token_set_ratio(a, b)]
+    assert mismatches == []
+    assert len({fuzz.token_set_ratio(a, b) for a, b in pairs}) > 30  # the pairs span the scale
+
+
+def test_an_option_at_exactly_the_threshold_does_not_match():
+    """Options match by similarity strictly above 85: 85 is no match, 88 is."""
+    assert R.similarity("a" * 20, "a" * 27) == 85 and R.similarity("a" * 21, "a" * 27) == 88
+    assert R.option_reward(product(), ["a" * 20], {"style": "a" * 27}) == (0.0, 0)
+    assert R.option_reward(product(), ["a" * 21], {"style": "a" * 27}) == (1.0, 1)
+
+
 def test_rounding_decides_the_threshold():
     # Raw 85.1 would pass "> 85"; thefuzz's integer 85 does not.
     g = goal(attributes=["a" * 20])
