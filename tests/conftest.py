@@ -8,14 +8,30 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_ALFWORLD = REPO.parent / "shared" / "data" / "alfworld"
+SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_ALFWORLD = SHARED_DATA / "alfworld"
+SHARED_WEBSHOP = SHARED_DATA / "webshop"
+
+
+def require_shared_data(*paths: Path) -> None:
+    """Skip the calling test where the official samples in ../shared/data are missing.
+
+    CI always has them (a copy of shared/ lies beside its clone), so there a missing sample is
+    a failure, never a silent skip.
+    """
+    missing = [str(path) for path in paths if not path.exists()]
+    if not missing:
+        return
+    message = f"official data samples not found: {', '.join(missing)}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " (CI must have ../shared/data)")
+    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
 def official_alfworld() -> Path:
     """The folder holding the official ``json_2.1.1`` samples (never copied into the repo)."""
-    if not (SHARED_ALFWORLD / "json_2.1.1").is_dir():
-        pytest.skip(f"official ALFWorld samples not found at {SHARED_ALFWORLD}")
+    require_shared_data(SHARED_ALFWORLD / "json_2.1.1")
     return SHARED_ALFWORLD
 
 

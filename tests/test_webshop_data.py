@@ -19,8 +19,7 @@ from envrl.envs.webshop import builtin, catalog, goals as G, search as S, store 
 from envrl.envs.webshop.catalog import WebShopDataError
 from envrl.envs.webshop.reward import PRICE_RANGE, get_reward
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_WEBSHOP = REPO.parent / "shared" / "data" / "webshop"
+from conftest import REPO, SHARED_WEBSHOP, require_shared_data
 SAMPLE_PRODUCTS = SHARED_WEBSHOP / "samples" / "items_shuffle_1000.first4products.json"
 SAMPLE_HUMAN = SHARED_WEBSHOP / "samples" / "items_human_ins.first31asins.json"
 ATTRIBUTES_1000 = SHARED_WEBSHOP / "items_ins_v2_1000.json"
@@ -35,8 +34,7 @@ def _env(monkeypatch, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def official() -> Path:
-    if not (SAMPLE_PRODUCTS.is_file() and ATTRIBUTES_1000.is_file()):
-        pytest.skip(f"official WebShop samples not found at {SHARED_WEBSHOP}")
+    require_shared_data(SAMPLE_PRODUCTS, ATTRIBUTES_1000)
     return SHARED_WEBSHOP
 
 

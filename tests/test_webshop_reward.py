@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import glob
 import json
-from pathlib import Path
-
 import pytest
 
+from conftest import SHARED_WEBSHOP, require_shared_data
 from envrl.envs.webshop import reward as R
 from envrl.envs.webshop.normalize import normalize_color
-
-SHARED_WEBSHOP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "webshop"
 
 
 @pytest.fixture(autouse=True)
@@ -343,9 +340,9 @@ def _implied_noun_counts():
 
 
 def test_noun_counts_near_the_originals_spacy_counts():
+    require_shared_data(SHARED_WEBSHOP / "human_trajs")
     counts = _implied_noun_counts()
-    if not counts:
-        pytest.skip(f"official WebShop samples not found at {SHARED_WEBSHOP}")
+    assert counts
     errors = [abs(real - approx) for _, real, approx in counts]
     print("noun counts (spaCy en_core_web_lg via the original's title_score, approximation):",
           [(real, approx) for _, real, approx in counts])
