@@ -29,6 +29,18 @@ def require_shared_data(*paths: Path) -> None:
 
 
 @pytest.fixture(scope="session")
+def ray_temp_dir() -> str:
+    """A short temporary directory for a Ray instance of the tests' own (its sockets live there,
+    and a Unix socket path must stay under ~107 bytes, so pytest's long tmp paths won't do)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="envrl-ray-")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def official_alfworld() -> Path:
     """The folder holding the official ``json_2.1.1`` samples (never copied into the repo)."""
     require_shared_data(SHARED_ALFWORLD / "json_2.1.1")

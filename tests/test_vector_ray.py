@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -39,13 +40,17 @@ from envrl.evaluation import run_evaluation  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    """One local Ray instance for the module (reused, and left alone, if one is running)."""
+def ray_instance(ray_temp_dir):
+    """One new local Ray instance for the module (reused, and left alone, if this process has one).
+
+    ``address="local"`` and a temporary directory of its own: a cluster or a stale session
+    that another Ray left in Ray's default directory (/tmp/ray) must not be joined.
+    """
     started = not ray.is_initialized()
     if started:
         pythonpath = os.pathsep.join([str(REPO), str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, _temp_dir=ray_temp_dir)
     yield
     if started:
         ray.shutdown()
@@ -244,7 +249,7 @@ OWN_INSTANCE = textwrap.dedent("""
 
     if __name__ == "__main__":
         vec = make_vec(fakes.ENV_ID, 1, backend="ray", ray_address="local", split="train",
-                       ray_init_kwargs={"num_cpus": 1, "log_to_driver": False,
+                       ray_init_kwargs={"num_cpus": 1, "log_to_driver": False, "_temp_dir": %r,
                                         "runtime_env": {"env_vars": {"PYTHONPATH": %r}}})
         vec.reset(seed=0)
         assert ray.is_initialized()
@@ -256,7 +261,8 @@ OWN_INSTANCE = textwrap.dedent("""
 @pytest.mark.slow
 def test_an_instance_envrl_started_is_shut_down_with_its_last_user(tmp_path):
     script = tmp_path / "own.py"
-    script.write_text(OWN_INSTANCE % str(TESTS_DIR))
+    ray_dir = tempfile.mkdtemp(prefix="envrl-ray-")  # short: Ray's socket paths live under it
+    script.write_text(OWN_INSTANCE % (ray_dir, str(TESTS_DIR)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS_DIR)]))
     start = time.monotonic()
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
