@@ -12,6 +12,7 @@ import json
 from typing import Any, Callable
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 import envrl  # noqa: F401  (registers the ids)
@@ -128,6 +129,16 @@ def test_options_must_be_a_dict(make_env, name):
             env.reset(options=options)
     observation, info = env.reset(options={"task_id": task_id})
     assert info["task_id"] == task_id
+
+
+@pytest.mark.parametrize("name", ENV_NAMES)
+def test_the_seed_picks_the_task_by_one_rule(make_env, name):
+    """``reset(seed=s)`` plays ``task_ids[default_rng(s).integers(len(task_ids))]`` on every env."""
+    env, _ = make_env(name)
+    task_ids = env.unwrapped.task_ids
+    for seed in (0, 1, 7, 2**31):
+        expected = task_ids[int(np.random.default_rng(seed).integers(len(task_ids)))]
+        assert env.reset(seed=seed)[1]["task_id"] == expected, seed
 
 
 def test_truncation_signal_is_part_of_every_id():
