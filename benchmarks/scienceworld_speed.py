@@ -115,6 +115,8 @@ def _run_stock(plans: list[dict], simplifications: str, rounds: int, java_defaul
                 steps += 1
                 _record(digest, observation, info["score"], done)
                 admissible.update(json.dumps(info["valid"]).encode())
+                if done:  # a gold path can go on past the end; envrl's episodes end there
+                    break
             cpu += _cpu_seconds(pid)
             digests.append(digest.hexdigest())
     rss = _jvm_peak_rss_mb(pid)
@@ -153,6 +155,8 @@ def _run_envrl(plans: list[dict], simplifications: str, rounds: int, admissible_
                 _record(digest, observation, info["raw_score"], terminated)
                 if admissible_mode == "eager":
                     admissible.update(json.dumps(list(info["admissible_actions"])).encode())
+                if terminated:
+                    break
             cpu += _cpu_seconds(env.engine.pid)
             digests.append(digest.hexdigest())
     rss = _jvm_peak_rss_mb(env.engine.pid)

@@ -7,6 +7,7 @@ killed JVM) and the lazy admissible-action list.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -19,6 +20,7 @@ import textwrap
 import time
 
 import gymnasium as gym
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -30,6 +32,7 @@ import envrl  # noqa: E402,F401
 from envrl.agents import make_agent  # noqa: E402
 from envrl.envs.base import INFO_KEYS, MAX_ACTION_LENGTH  # noqa: E402
 from envrl.envs.scienceworld import Engine, EngineDiedError  # noqa: E402
+from envrl.envs.scienceworld.engine import _heap_option  # noqa: E402
 from envrl.envs.scienceworld.env import (  # noqa: E402
     LazyAdmissibleActions,
     ScienceWorldEnv,
@@ -151,6 +154,36 @@ def test_all_tasks_span_the_split_and_aliases_resolve():
     assert env.engine is None
 
 
+@pytest.mark.parametrize("heap", ["1k", "abc", "-5m", 0, "63m", 1024, "1.5g", "2 g", True, 1.5, []])
+def test_bad_java_heaps_raise_one_clear_value_error(heap):
+    with pytest.raises(ValueError) as caught:
+        ScienceWorldEnv(java_heap=heap)
+    message = str(caught.value)
+    assert "'512m' or '2g'" in message and "at least '64m'" in message and f"got {heap!r}" in message
+    assert "int()" not in message
+
+
+def test_java_heap_sizes_that_work():
+    for heap, option in [("64m", ["-Xmx64m"]), (" 2G ", ["-Xmx2g"]), ("0512m", ["-Xmx512m"]),
+                         (512 << 20, [f"-Xmx{512 << 20}"]), (None, []), ("", [])]:
+        assert ScienceWorldEnv(java_heap=heap).engine is None
+        assert Engine.check_options(java_heap=heap) is None
+        assert _heap_option(heap) == option, heap
+    with pytest.raises(ValueError, match="at least '256m' with expert_plan=True"):
+        ScienceWorldEnv(java_heap="128m", expert_plan=True)
+    assert ScienceWorldEnv(java_heap="256m", expert_plan=True).engine is None
+
+
+def test_a_jvm_that_refuses_its_heap_says_so():
+    from envrl.envs.scienceworld import EngineStartError
+
+    before = set(_child_jvms())
+    with pytest.raises(EngineStartError, match="Too small maximum heap") as caught:
+        Engine(java_options=["-Xmx1k"])  # past the java_heap check: the JVM's own complaint comes through
+    assert "int()" not in str(caught.value)
+    assert set(_child_jvms()) <= before
+
+
 def test_unknown_tasks_and_options_raise_clear_value_errors():
     with pytest.raises(ValueError, match="unknown ScienceWorld task 'nope'"):
         gym.make(ENV_ID, task="nope")
@@ -244,7 +277,7 @@ def test_bad_actions_give_feedback_not_crashes(shared_env):
 def test_lazy_admissible_actions(shared_env):
     observation, info = shared_env.reset(options={"task_id": "4-2:0"})
     actions = info["admissible_actions"]
-    assert isinstance(actions, LazyAdmissibleActions) and not actions.computed
+    assert isinstance(actions, LazyAdmissibleActions) and isinstance(actions, list) and not actions.computed
     assert "look around" in actions and len(actions) > 100 and actions.computed
     assert actions == sorted(actions) and list(actions) == actions[:]
     copied = pickle.loads(pickle.dumps(info))
@@ -253,11 +286,151 @@ def test_lazy_admissible_actions(shared_env):
     _, _, _, _, info = shared_env.step("look around")
     stale = info["admissible_actions"]
     shared_env.step("inventory")
-    with pytest.raises(StaleAdmissibleActionsError, match="before the next step"):
+    with pytest.raises(StaleAdmissibleActionsError, match="before the next step") as caught:
         len(stale)
+    assert "list(info['admissible_actions'])" in str(caught.value) and "admissible='eager'" in str(caught.value)
+    for use in (json.dumps, list, pickle.dumps, copy.deepcopy, lambda x: x + ["x"], lambda x: ["x"] + x):
+        with pytest.raises(StaleAdmissibleActionsError):
+            use(stale)
+    assert repr(stale).startswith("<admissible actions not available: info['admissible_actions'] of step 1")
     # pickling (vector envs) reads the list
     _, _, _, _, info = shared_env.step("look around")
     assert len(pickle.loads(pickle.dumps(info["admissible_actions"]))) > 100
+
+
+def _unread_step(env, engine_lists: list[list[str]]) -> dict:
+    """Step, and return the info with its list unread; the engine's own list of that state goes to engine_lists."""
+    info = env.step("look around")[4]
+    assert type(info["admissible_actions"]) is LazyAdmissibleActions and not info["admissible_actions"].computed
+    engine_lists.append(env.unwrapped.engine.valid_actions(keep_random_state=True))
+    return info
+
+
+def _add_in_place(actions: list[str]) -> list[str]:
+    actions += ["x"]
+    return list(actions)
+
+
+def _change(actions: list[str]) -> list[str]:
+    actions.append("x")
+    actions.insert(0, "y")
+    del actions[1]
+    actions[2] = "z"
+    actions.remove("look around")
+    actions.sort(key=len)
+    return list(actions)
+
+
+def _shuffle(actions: list[str]) -> list[str]:
+    random.Random(1).shuffle(actions)
+    return list(actions)
+
+
+# every way a user or a recorder reads (or changes) a list, to compare with a plain list's answer
+LIST_USES = {
+    "json compact": lambda a, info: json.loads(json.dumps(info))["admissible_actions"],
+    "json indent": lambda a, info: json.loads(json.dumps(info, indent=2))["admissible_actions"],
+    "json of the list": lambda a, info: json.loads(json.dumps(a, ensure_ascii=False)),
+    "list + list": lambda a, info: a + ["x"],
+    "list + lazy": lambda a, info: ["x"] + a,
+    "sum": lambda a, info: sum([a], []),
+    "+=": lambda a, info: _add_in_place(a),
+    "unpack": lambda a, info: [*a],
+    "list()": lambda a, info: list(a),
+    "tuple()": lambda a, info: tuple(a),
+    "sorted": lambda a, info: sorted(a, key=len),
+    "reversed": lambda a, info: list(reversed(a)),
+    "join": lambda a, info: "\n".join(a),
+    "for": lambda a, info: [action for action in a],
+    "len": lambda a, info: len(a),
+    "bool": lambda a, info: bool(a),
+    "in": lambda a, info: ("look around" in a, "fly" in a),
+    "index": lambda a, info: (a[0], a[-1], a[5], a[2:9], a[::-50]),
+    "index()": lambda a, info: (a.index("look around"), a.count("look around")),
+    "repeat": lambda a, info: (2 * a, a * 2),
+    "random.choice": lambda a, info: random.Random(3).choice(a),
+    "random.sample": lambda a, info: random.Random(3).sample(a, 5),
+    "numpy": lambda a, info: np.array(a).tolist(),
+    "pickle": lambda a, info: pickle.loads(pickle.dumps(info))["admissible_actions"],
+    "deepcopy": lambda a, info: copy.deepcopy(info)["admissible_actions"],
+    "copy": lambda a, info: (copy.copy(a), a.copy()),
+    "repr": lambda a, info: repr(a),
+    "str": lambda a, info: f"{a}",
+    "change": lambda a, info: _change(a),
+    "pop": lambda a, info: (a.pop(), a.pop(0), list(a)),
+    "clear": lambda a, info: (a.clear(), list(a)),
+    "shuffle": lambda a, info: _shuffle(a),
+    "== list": lambda a, info: (a == info["plain"], info["plain"] == a, a != info["plain"], info["plain"] != a),
+    "ordering": lambda a, info: (a < info["plain"] + ["x"], info["plain"] + ["x"] > a, a <= info["plain"]),
+}
+
+
+@pytest.mark.parametrize("use", list(LIST_USES))
+def test_lazy_lists_behave_as_lists(shared_env, use):
+    """Each use of an unread list gives what the same use of the eager list gives, and plain types."""
+    shared_env.reset(options={"task_id": "4-2:0"})
+    engine_lists: list[list[str]] = []
+    info = _unread_step(shared_env, engine_lists)
+    lazy = info["admissible_actions"]
+    plain = list(engine_lists[0])
+    assert plain and plain[0] != "look around" and "look around" in plain
+    expected = LIST_USES[use](plain, {**info, "admissible_actions": list(plain), "plain": list(engine_lists[0])})
+    got = LIST_USES[use](lazy, {**info, "plain": list(engine_lists[0])})
+    assert got == expected and type(got) is type(expected), use
+    assert lazy.computed
+    if isinstance(got, list):  # results are plain lists, never lazy ones
+        assert type(got) is list
+
+
+def test_lazy_lists_compare_by_contents_and_state(shared_env):
+    shared_env.reset(options={"task_id": "4-2:0"})
+    engine_lists: list[list[str]] = []
+    first = _unread_step(shared_env, engine_lists)["admissible_actions"]
+    assert len(first) > 100  # read it before the next step
+    second = _unread_step(shared_env, engine_lists)["admissible_actions"]
+    assert engine_lists[0] == engine_lists[1]  # "look around" twice leaves the world as it was
+    # different states: compared by contents (which reads the second one)
+    assert first.state != second.state and not second.computed
+    assert first == second and not first != second and second.computed and first is not second
+    # a changed list no longer claims its state's contents
+    shared_env.reset(options={"task_id": "4-2:0"})
+    left = _unread_step(shared_env, engine_lists)["admissible_actions"]
+    shared_env.reset(options={"task_id": "4-2:0"})
+    right = _unread_step(shared_env, engine_lists)["admissible_actions"]
+    assert left.state == right.state and left == right and not right.computed  # same state: no engine call
+    right.append("fly")
+    assert left != right and right[-1] == "fly" and right[:-1] == engine_lists[-1]
+    assert json.loads(json.dumps(right)) == engine_lists[-1] + ["fly"]
+    with pytest.raises(TypeError):
+        hash(left)
+
+
+def test_lazy_lists_cost_nothing_until_read(shared_env, monkeypatch):
+    shared_env.reset(options={"task_id": "4-2:0"})
+    engine = shared_env.unwrapped.engine
+    calls = []
+    real = engine.valid_actions
+    monkeypatch.setattr(engine, "valid_actions", lambda **kwargs: calls.append(kwargs) or real(**kwargs))
+    infos = [shared_env.step(action)[4] for action in ["look around", "inventory", "look around"]]
+    assert calls == [] and not any(info["admissible_actions"].computed for info in infos)
+    actions = infos[-1]["admissible_actions"]
+    assert json.loads(json.dumps(infos[-1]))["admissible_actions"] == actions == list(actions) + [] == actions[:]
+    assert calls == [{"keep_random_state": True}]  # one engine call, however often the list is read
+
+
+def test_a_list_stays_readable_when_the_episode_replays_its_state(shared_env):
+    """gymnasium's check_env compares the infos of two identical episodes after both ran."""
+    shared_env.reset(options={"task_id": "4-2:0"})
+    before = shared_env.step("open door to hallway")[4]["admissible_actions"]
+    shared_env.reset(options={"task_id": "4-2:0"})
+    after = shared_env.step("open door to hallway")[4]["admissible_actions"]
+    assert len(before) == len(after) and list(before) == list(after)  # `before` is read only now
+    shared_env.step("look around")
+    shared_env.reset(options={"task_id": "4-2:0"})
+    other = shared_env.step("inventory")[4]["admissible_actions"]
+    shared_env.step("look around")
+    with pytest.raises(StaleAdmissibleActionsError):
+        list(other)
 
 
 def test_vector_envs_receive_the_lazy_lists_as_plain_lists():
@@ -350,9 +523,11 @@ def test_observations_equal_the_stock_engines_on_a_gold_path(monkeypatch):
         gold = stock.get_gold_action_sequence()
         observation, info = stock.reset()
         expected = [(observation, info["score"], False, info["valid"])]
-        for action in ["fly away", *gold]:
+        for action in ["fly away", *gold]:  # up to the end: envrl's episodes end there (base.py)
             observation, _, done, info = stock.step(action)
             expected.append((observation, info["score"], done, info["valid"]))
+            if done:
+                break
     finally:
         stock.close()
     assert expected[-1][1] == 100
@@ -364,6 +539,8 @@ def test_observations_equal_the_stock_engines_on_a_gold_path(monkeypatch):
         for action in ["fly away", *gold]:
             observation, _, terminated, _, info = env.step(action)
             got.append((observation, info["raw_score"], terminated, list(info["admissible_actions"])))
+            if terminated:
+                break
     finally:
         env.close()
     assert [g[:3] for g in got] == [e[:3] for e in expected]

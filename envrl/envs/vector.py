@@ -165,8 +165,8 @@ def _materialized(info: dict[str, Any]) -> dict[str, Any]:
     """``info`` with lazy sequences turned into lists, read now: after the autoreset it would
     be too late (ScienceWorld computes its admissible actions on first read, for the current
     step only)."""
-    return {key: list(value) if isinstance(value, Sequence) and not isinstance(value, (str, bytes, list, tuple))
-            else value for key, value in info.items()}
+    return {key: list(value) if isinstance(value, Sequence) and not isinstance(value, (str, bytes, tuple))
+            and type(value) is not list else value for key, value in info.items()}
 
 
 def _describe_exception(exc: BaseException) -> str:

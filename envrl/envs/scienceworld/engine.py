@@ -50,6 +50,16 @@ REQUIRED_JAVA_OPTIONS = ("--add-opens", "java.base/java.util=ALL-UNNAMED")
 #: A constant hash makes those sets iterate in insertion order; steps take ~1.8x as long.
 DETERMINISTIC_JAVA_OPTIONS = ("-XX:+UnlockExperimentalVMOptions", "-XX:hashCode=2")
 DEFAULT_JAVA_HEAP = "512m"
+#: The least ``java_heap`` accepted: the JVM loads and plays every task in it with room to
+#: spare (measured with scienceworld 1.2.3 on Java 17: 32m works but collects garbage most of
+#: the time, 16m runs out of memory loading ``boil``, 8m cannot start the simulator, and
+#: below 2m the JVM itself does not start).
+MIN_JAVA_HEAP = "64m"
+#: The least ``java_heap`` when gold paths are computed (``expert_plan=True``): computing them
+#: takes far more memory than playing (192m ran out on test-conductivity; 256m computed the
+#: first variation of every task).
+MIN_JAVA_HEAP_FOR_GOLD_PATHS = "256m"
+_HEAP_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}  # as -Xmx reads them
 #: seconds one call into the JVM may take before the JVM is declared hung and killed
 DEFAULT_CALL_TIMEOUT = 300.0
 START_TIMEOUT = 60.0
@@ -93,13 +103,44 @@ def _package_files() -> tuple[str, str, str]:
     return py4j_jar, jar, folder
 
 
-def _heap_option(java_heap: str | None) -> list[str]:
-    if java_heap in (None, ""):
+def _split_heap(java_heap: object) -> tuple[int, str] | None:
+    """(number, unit) of an ``-Xmx`` size such as ``"512m"``, ``"2g"`` or a byte count; else None."""
+    if isinstance(java_heap, bool) or not isinstance(java_heap, (str, int)):
+        return None
+    match = re.fullmatch(r"([0-9]+)([kmgt]?)", str(java_heap).strip().lower())
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+def _heap_bytes(java_heap: object) -> int | None:
+    split = _split_heap(java_heap)
+    return split[0] * _HEAP_UNITS[split[1]] if split else None
+
+
+def check_java_heap(java_heap: object, minimum: str = MIN_JAVA_HEAP, why: str = "") -> int | None:
+    """``java_heap`` in bytes (None: Java's default), or one ValueError that says what works.
+
+    Checked before any JVM starts: a JVM given a size it cannot use prints its complaint
+    and exits, which would only surface as a failed start.
+    """
+    if java_heap is None or java_heap == "":
+        return None
+    size, least = _heap_bytes(java_heap), _heap_bytes(minimum)
+    if size is None or least is None or size < least:
+        raise ValueError(
+            f"java_heap must be a heap size such as '512m' or '2g' (a whole number with an optional unit "
+            f"k, m, g or t; without a unit it counts bytes) of at least {minimum!r}"
+            f"{why or ', the least in which ScienceWorld loads and plays every task'}, "
+            f"or None for Java's default; got {java_heap!r}"
+        )
+    return size
+
+
+def _heap_option(java_heap: object) -> list[str]:
+    """``-Xmx`` for ``java_heap`` (checked), written without leading zeros."""
+    if check_java_heap(java_heap) is None:
         return []
-    heap = str(java_heap).strip()
-    if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]?", heap):
-        raise ValueError(f"java_heap must look like '512m', '2g' or a byte count, got {java_heap!r}")
-    return [f"-Xmx{heap}"]
+    number, unit = _split_heap(java_heap)  # type: ignore[misc]  # checked just above
+    return [f"-Xmx{number}{unit}"]
 
 
 # ---- process hygiene shared by all engines --------------------------------------------
@@ -159,7 +200,8 @@ class Engine:
     """One ScienceWorld simulator in one JVM. Not thread-safe; one caller at a time.
 
     Arguments:
-        java_heap: the JVM's maximum heap (``-Xmx``), e.g. ``"512m"``; None for Java's default.
+        java_heap: the JVM's maximum heap (``-Xmx``), e.g. ``"512m"`` (at least :data:`MIN_JAVA_HEAP`);
+            None for Java's default.
         java_options: more JVM options, after :data:`DEFAULT_JAVA_OPTIONS` (later ones win).
         deterministic: add :data:`DETERMINISTIC_JAVA_OPTIONS` (replays are then identical).
         java: the ``java`` executable (default: ``$JAVA_HOME/bin/java`` or ``java`` on PATH).
@@ -168,7 +210,7 @@ class Engine:
 
     def __init__(
         self,
-        java_heap: str | None = DEFAULT_JAVA_HEAP,
+        java_heap: str | int | None = DEFAULT_JAVA_HEAP,
         java_options: tuple[str, ...] | list[str] | None = None,
         deterministic: bool = True,
         java: str | None = None,
@@ -194,7 +236,7 @@ class Engine:
         _LIVE.add(self)
 
     @staticmethod
-    def check_options(java_heap: str | None = DEFAULT_JAVA_HEAP, java_options: Any = None,
+    def check_options(java_heap: str | int | None = DEFAULT_JAVA_HEAP, java_options: Any = None,
                       deterministic: bool = True, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
         """Raise ValueError for options that cannot work, without starting anything."""
         _heap_option(java_heap)
@@ -283,7 +325,22 @@ class Engine:
                     f"(command: {' '.join(self._proc.args)}): {self.stderr_tail() or 'no message'}"
                 )
             line += chunk
+        if not line.strip().isdigit():  # the JVM printed a complaint instead of its port
+            raise EngineStartError(self._start_failure(line))
         return int(line)
+
+    def _start_failure(self, first_line: bytes) -> str:
+        """What a JVM that printed ``first_line`` instead of its port said, once it has exited."""
+        assert self._proc is not None and self._proc.stdout is not None
+        try:
+            self._proc.wait(timeout=5)
+            rest = self._proc.stdout.read(4000)  # the JVM has exited: this cannot block
+        except (subprocess.TimeoutExpired, OSError, ValueError):
+            rest = b""
+        said = " ".join((first_line + rest).decode("utf-8", "replace").split())
+        tail = self.stderr_tail()
+        return (f"the ScienceWorld JVM did not start (command: {' '.join(self._proc.args)}): {said}"
+                + (f"; stderr: {tail}" if tail else ""))
 
     @staticmethod
     def _drain(stream) -> None:

@@ -18,10 +18,13 @@ as the stock env's do. ``success`` = the task was completed.
 
 ``info["admissible_actions"]`` is ScienceWorld's list of valid action-object combinations
 (~500 strings). Computing it costs about as much as a step or more, so by default
-(``admissible="lazy"``) it is a sequence that asks the engine only when read, once per step;
-it turns into a plain list when pickled. Read it before the next ``step``; afterwards it
-raises :class:`StaleAdmissibleActionsError`. ``admissible="eager"`` computes a plain list
-after every step, as the stock env does.
+(``admissible="lazy"``) it is a :class:`LazyAdmissibleActions`: a real ``list`` whose contents
+are asked from the engine only when it is first read, then kept (``json.dumps(info)``, ``+``,
+``==``, pickling and copying all work as on a plain list). Read it before the next ``step`` or
+``reset``: the engine can only compute the list of its current state, so a first read after
+that raises :class:`StaleAdmissibleActionsError` (with a deterministic engine, unless the env
+is back in the same state: same task, variation and actions). ``admissible="eager"``
+computes a plain list after every step, as the stock env does.
 
 Random draws: computing the list draws from the simulator's global random generator, the
 one that moves bees. The stock env computes it after every step, so in its worlds the bees'
@@ -50,16 +53,19 @@ import itertools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from functools import partial
-from typing import Any, Callable, Iterator
+from functools import partial, wraps
+from typing import Any, Callable, SupportsIndex
 
 from envrl.envs.base import StepResult, TaskStart, TextEnv
 from envrl.envs.scienceworld.engine import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_JAVA_HEAP,
+    MIN_JAVA_HEAP_FOR_GOLD_PATHS,
     Engine,
     EngineDiedError,
     EngineJavaError,
+    ScienceWorldError,
+    check_java_heap,
 )
 from envrl.envs.scienceworld.tasks import (
     SPLITS,
@@ -81,73 +87,160 @@ __all__ = ["ScienceWorldEnv", "LazyAdmissibleActions", "StaleAdmissibleActionsEr
 
 
 class StaleAdmissibleActionsError(RuntimeError):
-    """A lazy admissible-action list was first read after the env had moved on."""
+    """A lazy admissible-action list was first read after the env had left the state it describes."""
 
 
-class LazyAdmissibleActions(Sequence):
-    """A read-only sequence of strings computed by ``fetch()`` on first use, then cached.
+def _fill_first(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``list.<method>`` run after the lazy list has filled its own storage.
 
-    It compares equal to a list with the same items, and pickles (and copies) as a plain
-    list, so vector envs and result stores see ordinary lists. ``state`` names the engine
-    state it belongs to (task, simplifications, actions since reset) when the engine is
-    deterministic; two lists of the same state are equal without asking the engine, which
-    is what comparisons of two episodes (``check_env``) need.
+    list's C methods read the storage directly; until the first read it is empty, so every
+    reading method must fill it first.
+    """
+    @wraps(method)
+    def read(self: "LazyAdmissibleActions", *args: Any, **kwargs: Any) -> Any:
+        self._materialise()
+        return method(self, *args, **kwargs)
+    return read
+
+
+def _fill_then_change(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``list.<method>`` that changes the list: fill it first, then forget its engine state.
+
+    A changed list no longer holds what the engine would compute for ``state``, so it must
+    not compare equal to an unread list of that state without looking at the contents.
+    """
+    @wraps(method)
+    def change(self: "LazyAdmissibleActions", *args: Any, **kwargs: Any) -> Any:
+        self._materialise()
+        self.state = None
+        return method(self, *args, **kwargs)
+    return change
+
+
+def _fill_both(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A comparison or concatenation of two lists: list's C code reads both storages."""
+    @wraps(method)
+    def combine(self: "LazyAdmissibleActions", other: Any) -> Any:
+        self._materialise_with(other)
+        return method(self, other)
+    return combine
+
+
+class LazyAdmissibleActions(list):
+    """A ``list`` of strings that computes its contents (``fetch()``) on first use.
+
+    It is a real list (``isinstance(x, list)``, ``json.dumps``, ``+``, ``==``, slicing,
+    sorting, mutation) so that users and recorders can treat it as one; only the engine call
+    is deferred. Its storage stays empty until the first Python-level access, which fills it
+    in place: every reading method and operator of list is overridden to fill first. C code
+    that takes a list subclass's storage without going through those methods (``list.__len__(x)``
+    called on the class, ``heapq`` on it, serialisers such as orjson that read list
+    subclasses natively) would see an empty list before the first read; the standard
+    library's ``json``, ``pickle``, ``copy``, ``list(x)``, ``[*x]``, ``sorted`` and ``random`` all go
+    through the overridden methods (see tests/test_scienceworld_env.py).
+
+    ``state`` names the engine state it belongs to (task, simplifications, actions since
+    reset) when the engine is deterministic; two unchanged lists of the same state are equal
+    without asking the engine. It pickles and copies as a plain ``list``.
     """
 
-    __slots__ = ("_fetch", "_items", "state")
+    __slots__ = ("_fetch", "state")
 
     def __init__(self, fetch: Callable[[], list[str]], state: tuple | None = None):
-        self._fetch = fetch
-        self._items: list[str] | None = None
+        super().__init__()
+        self._fetch: Callable[[], list[str]] | None = fetch
         self.state = state
 
     @property
     def computed(self) -> bool:
-        return self._items is not None
+        """Whether the contents have been fetched (reading never happens twice)."""
+        return self._fetch is None
 
-    def _load(self) -> list[str]:
-        if self._items is None:
-            self._items = list(self._fetch())
-            self._fetch = None  # type: ignore[assignment]  # drop the env reference
-        return self._items
+    def _materialise(self) -> None:
+        """Fill the list's own storage from ``fetch()`` once; a failed fetch can be retried."""
+        fetch = self._fetch
+        if fetch is not None:
+            items = fetch()
+            list.extend(self, items)  # list's own extend: the overridden one would recurse
+            self._fetch = None  # drop the env reference
 
-    def fork(self) -> "LazyAdmissibleActions":
-        """A new object for the same state (infos must not share objects)."""
-        twin = LazyAdmissibleActions(self._fetch, self.state)
-        if self._items is not None:
-            twin._items = list(self._items)
-        return twin
+    def _materialise_with(self, other: object) -> None:
+        self._materialise()
+        if isinstance(other, LazyAdmissibleActions):
+            other._materialise()
 
-    def __len__(self) -> int:
-        return len(self._load())
+    # reading
+    __len__ = _fill_first(list.__len__)
+    __iter__ = _fill_first(list.__iter__)
+    __reversed__ = _fill_first(list.__reversed__)
+    __getitem__ = _fill_first(list.__getitem__)
+    __contains__ = _fill_first(list.__contains__)
+    __mul__ = _fill_first(list.__mul__)
+    __rmul__ = _fill_first(list.__rmul__)
+    index = _fill_first(list.index)
+    count = _fill_first(list.count)
+    copy = _fill_first(list.copy)
+    __add__ = _fill_both(list.__add__)
+    __lt__ = _fill_both(list.__lt__)
+    __le__ = _fill_both(list.__le__)
+    __gt__ = _fill_both(list.__gt__)
+    __ge__ = _fill_both(list.__ge__)
 
-    def __getitem__(self, index):  # type: ignore[override]
-        return self._load()[index]
+    # changing (allowed, as on any list; the list is this info's own object)
+    append = _fill_then_change(list.append)
+    extend = _fill_then_change(list.extend)
+    insert = _fill_then_change(list.insert)
+    remove = _fill_then_change(list.remove)
+    pop = _fill_then_change(list.pop)
+    clear = _fill_then_change(list.clear)
+    sort = _fill_then_change(list.sort)
+    reverse = _fill_then_change(list.reverse)
+    __setitem__ = _fill_then_change(list.__setitem__)
+    __delitem__ = _fill_then_change(list.__delitem__)
+    __iadd__ = _fill_then_change(list.__iadd__)
+    __imul__ = _fill_then_change(list.__imul__)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._load())
-
-    def __contains__(self, item: object) -> bool:
-        return item in self._load()
+    def __radd__(self, other: Any) -> Any:
+        """``[...] + lazy``: Python asks this subclass first, before list's own concatenation."""
+        if not isinstance(other, list):
+            return NotImplemented
+        self._materialise()
+        return list.__add__(other, self)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyAdmissibleActions):
-            if self.state is not None and self.state == other.state:
-                return True
-            return self._load() == other._load()
-        if isinstance(other, (list, tuple)):
-            return self._load() == list(other)
-        return NotImplemented
+        if self._same_state(other):
+            return True
+        self._materialise_with(other)
+        return list.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        if self._same_state(other):
+            return False
+        self._materialise_with(other)
+        return list.__ne__(self, other)
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __reduce__(self):
-        return (list, (self._load(),))
+    def _same_state(self, other: object) -> bool:
+        """Two unchanged lists of one deterministic engine state hold the same actions."""
+        return (isinstance(other, LazyAdmissibleActions) and self.state is not None
+                and self.state == other.state)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[type[list], tuple[list[str]]]:
+        """Pickle and copy as a plain list (vector envs, result stores, ``copy.deepcopy``)."""
+        self._materialise()
+        return list, (list.copy(self),)
+
+    def __reduce__(self) -> tuple[type[list], tuple[list[str]]]:
+        return self.__reduce_ex__(2)
 
     def __repr__(self) -> str:
-        if self._items is None:
-            return "LazyAdmissibleActions(<not computed yet>)"
-        return f"LazyAdmissibleActions({self._items!r})"
+        """The list's repr; never raises, so printing an old info stays possible."""
+        try:
+            self._materialise()
+        except (StaleAdmissibleActionsError, ScienceWorldError) as error:
+            return f"<admissible actions not available: {error}>"
+        return list.__repr__(self)
 
 
 class ScienceWorldEnv(TextEnv):
@@ -159,7 +252,8 @@ class ScienceWorldEnv(TextEnv):
         simplifications: ``"easy"`` (all of ScienceWorld's simplifications), a comma list or
             list of names (``teleportAction``, ``openDoors``, ...), or None/``""`` for none.
         expert_plan: add ``info["expert_plan"]`` (the rest of the gold action sequence).
-        java_heap: the JVM's maximum heap (``-Xmx``); java_options: more JVM options.
+        java_heap: the JVM's maximum heap (``-Xmx``), e.g. ``"512m"`` or ``"2g"``; at least ``"64m"``
+            (``"256m"`` with ``expert_plan``); None for Java's default. java_options: more JVM options.
         deterministic: constant identity hash codes in the JVM (identical replays; default).
         admissible: ``lazy`` (computed when read) or ``eager`` (after every step, as stock);
             tasks with a bee hive always compute it (see the module docstring).
@@ -172,7 +266,7 @@ class ScienceWorldEnv(TextEnv):
         task: str | Sequence[str] | None = None,
         simplifications: str | Sequence[str] | None = "easy",
         expert_plan: bool = False,
-        java_heap: str | None = DEFAULT_JAVA_HEAP,
+        java_heap: str | int | None = DEFAULT_JAVA_HEAP,
         java_options: Sequence[str] | None = None,
         deterministic: bool = True,
         admissible: str = "lazy",
@@ -198,6 +292,9 @@ class ScienceWorldEnv(TextEnv):
         self._engine_options = dict(java_heap=java_heap, java_options=list(java_options or ()),
                                     deterministic=self.deterministic, call_timeout=call_timeout)
         Engine.check_options(**self._engine_options)
+        if self.expert_plan:
+            check_java_heap(java_heap, MIN_JAVA_HEAP_FOR_GOLD_PATHS,
+                            " with expert_plan=True (computing gold paths takes more memory than playing)")
         self._engine: Engine | None = None
         self._ids: tuple[str, ...] | None = None
         self._index: dict[str, tuple[Task, int]] | None = None
@@ -317,7 +414,7 @@ class ScienceWorldEnv(TextEnv):
             observation=observation,
             task_type=task.name,
             instruction=engine.task_description(),
-            admissible_actions=self._admissible_now(engine, 0),  # type: ignore[arg-type]
+            admissible_actions=self._admissible_now(engine, 0, task_id),
             extra=extra,
         )
 
@@ -334,7 +431,7 @@ class ScienceWorldEnv(TextEnv):
         if raw is None:  # the Java exception above: nothing scored
             return StepResult(observation=observation, reward=0.0, terminated=False, valid_action=False,
                               success=False, score=self._points / 100.0,
-                              admissible_actions=self._admissible_now(engine, self._steps),  # type: ignore[arg-type]
+                              admissible_actions=self._admissible_now(engine, self._steps, self._task_id),
                               extra={"raw_score": self._points, **({"expert_plan": list(self._plan)}
                                                                   if self.expert_plan else {})})
         failed = raw < 0
@@ -355,7 +452,7 @@ class ScienceWorldEnv(TextEnv):
             valid_action=valid,
             success=bool(completed and not failed),
             score=points / 100.0,
-            admissible_actions=self._admissible_now(engine, self._steps),  # type: ignore[arg-type]
+            admissible_actions=self._admissible_now(engine, self._steps, self._task_id),
             extra=extra,
         )
 
@@ -363,35 +460,45 @@ class ScienceWorldEnv(TextEnv):
     def _chain(digest: bytes, text: str) -> bytes:
         return hashlib.blake2b(digest + text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
-    def _admissible_now(self, engine: Engine, step: int) -> Sequence[str]:
+    def _admissible_now(self, engine: Engine, step: int, task_id: str | None) -> list[str]:
         if self._stock_draws:
             return engine.valid_actions(keep_random_state=False)
         state = (self._history,) if self.deterministic else None
-        return LazyAdmissibleActions(partial(self._read_admissible, engine, self._state, step), state)
+        return LazyAdmissibleActions(
+            partial(self._read_admissible, engine, self._state, self._history, f"step {step} of task {task_id}"), state)
 
-    def _read_admissible(self, engine: Engine, state: int, step: int) -> list[str]:
-        if state != self._state or engine is not self._engine:
+    def _read_admissible(self, engine: Engine, state: int, history: bytes, made_at: str) -> list[str]:
+        """The list of the engine state a lazy list was made in, while the engine is in it.
+
+        The engine can only compute the list of its current state, so the list must be read
+        before the env moves on; a later read raises instead of returning another state's
+        actions. With a deterministic engine the state is known by its history (task,
+        variation, simplifications, actions since reset), so a list also stays readable
+        whenever an episode replays the same actions (gymnasium's ``check_env`` compares two
+        such steps); lists only drawn lazily keep the simulator's random generator as the
+        replay leaves it, hence ``not self._stock_draws``.
+        """
+        same_step = state == self._state
+        same_history = self.deterministic and not self._stock_draws and history == self._history
+        if engine is not self._engine or not (same_step or same_history):
             raise StaleAdmissibleActionsError(
-                f"info['admissible_actions'] of step {step} was first read after the env moved on "
-                f"(it is at step {self._steps} of task {self._task_id}); read it before the next step or reset, "
-                f"or make the env with admissible='eager'"
+                f"info['admissible_actions'] of {made_at} was first read after the env had moved on "
+                f"(it is now at step {self._steps} of task {self._task_id}). The list is computed when first "
+                f"read, from the engine's current state, so it must be read before the next step() or reset(): "
+                f"keep it with actions = list(info['admissible_actions']) (or record the info with json.dumps, "
+                f"pickle or copy.deepcopy) right after the step, or make the env with admissible='eager', "
+                f"which computes it after every step (several times slower)"
             )
         return engine.valid_actions(keep_random_state=True)
 
-    def _info(self, *, admissible_actions: Sequence[str], **fields: Any) -> dict[str, Any]:
-        # the base class copies the list, which would compute it; keep the lazy sequence
+    def _info(self, *, admissible_actions: list[str], **fields: Any) -> dict[str, Any]:
+        # the base class copies the list, which would compute it; keep the lazy list
         info = super()._info(admissible_actions=[], **fields)
-        if isinstance(admissible_actions, LazyAdmissibleActions):
-            # a screened action reuses the last info's list: give this info its own object
-            info["admissible_actions"] = (admissible_actions.fork()
-                                          if admissible_actions is self._last_info.get("admissible_actions")
-                                          else admissible_actions)
-        else:
-            info["admissible_actions"] = list(admissible_actions)
+        is_lazy = isinstance(admissible_actions, LazyAdmissibleActions)
+        info["admissible_actions"] = admissible_actions if is_lazy else list(admissible_actions)
         return info
 
-    def close(self) -> None:
+    def _close_engine(self) -> None:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-        super().close()
