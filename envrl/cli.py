@@ -10,9 +10,11 @@
     envrl data alfworld --download [--dest DIR]
     envrl webshop serve [--host H] [--port P] [--workers N] [--threads T] [--products N] [--data-dir D]
 
-Exit codes: 0 success, 1 the run could not go on (e.g. locked by another process),
-2 bad input (one line on stderr, never a traceback), 130 interrupted (Ctrl-C / SIGTERM;
-everything finished so far is kept; the same command resumes).
+Exit codes: 0 success, 1 the run could not go on (e.g. locked by another process, a runs
+directory that cannot be read or written, a corrupt results database), 2 bad input (one line
+on stderr, never a traceback), 130 interrupted (Ctrl-C / SIGTERM; everything finished so far
+is kept; the same command resumes). An unexpected exception is reported in one line too
+(``ENVRL_TRACEBACK=1`` shows its traceback).
 """
 
 from __future__ import annotations
@@ -43,6 +45,32 @@ class _UsageError(Exception):
 def _fail(prog: str, message: str, code: int = EXIT_USAGE) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
+
+
+#: the ports a server can listen on (0: any free port, printed when listening)
+PORT_RANGE = range(0, 65536)
+
+
+def check_port(port: int) -> int:
+    """``port`` if a server can listen on it, else ValueError. Out of range, a port is not
+    refused by the socket layer: ``-5`` raises OverflowError and ``99999`` is silently served
+    on another port, so every server checks with this first."""
+    if isinstance(port, bool) or not isinstance(port, int) or port not in PORT_RANGE:
+        raise ValueError(f"must be in {PORT_RANGE.start}..{PORT_RANGE.stop - 1}, got {port}")
+    return port
+
+
+def port_number(text: str) -> int:
+    """The argparse type of every server command's ``--port``: one line and exit 2 for a
+    port out of range (see :func:`check_port`)."""
+    try:
+        port = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    try:
+        return check_port(port)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     web = sub.add_parser("serve", help="the leaderboard, run pages and a trajectory viewer in the browser")
     web.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
     web.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    web.add_argument("--port", type=int, default=8050, help="port (default 8050)")
+    web.add_argument("--port", type=port_number, default=8050, help="port (default 8050; 0: any free port)")
     web.set_defaults(handler=_cmd_serve)
 
     sm = sub.add_parser("serve-model", help="an OpenAI-compatible server for a transformers checkpoint",
@@ -102,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "it from another machine with --agent openai:<name>@http://host:port/v1).")
     sm.add_argument("checkpoint", help="a local checkpoint directory or a model name")
     sm.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    sm.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    sm.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     sm.add_argument("--model-name", default=None, help="the model id clients use (default: the checkpoint)")
     sm.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default auto)")
     sm.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default auto)")
@@ -127,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the WebShop site under gunicorn until SIGTERM/SIGINT. The store is loaded once "
                     "and shared by the workers; GET /healthz answers when it is up.")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
+    serve.add_argument("--port", type=port_number, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
     serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 8)")
     serve.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
     serve.add_argument("--products", type=int, default=None,
@@ -144,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from envrl.evaluation.runner import EvaluationError, RunFailed, run_evaluation
-    from envrl.evaluation.store import RunLocked
+    from envrl.evaluation.store import RunLocked, StoreError
 
     prog = "envrl eval"
     if args.episodes < 1:
@@ -174,7 +202,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
     except EvaluationError as exc:
         return _fail(prog, str(exc))
-    except (RunLocked, RunFailed) as exc:
+    except (RunLocked, RunFailed, StoreError) as exc:
         return _fail(prog, str(exc), EXIT_FAILED)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -216,15 +244,21 @@ def _agent_options(args: argparse.Namespace) -> tuple[dict[str, Any], str | None
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
     from envrl.evaluation.leaderboard import leaderboard
+    from envrl.evaluation.store import StoreError
 
-    print(leaderboard(args.runs_dir, args.format, runs=args.runs))
+    try:
+        text = leaderboard(args.runs_dir, args.format, runs=args.runs)
+    except StoreError as exc:  # a runs directory that is a file, a corrupt or unreadable database
+        return _fail("envrl leaderboard", str(exc), EXIT_FAILED)
+    print(text)
     return EXIT_OK
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from envrl.evaluation.web import serve
 
-    return serve(args.runs_dir, host=args.host, port=args.port)  # says itself why it cannot bind; 0 on a signal
+    # says itself why it cannot read the store or bind the port (exit 1); 0 on a signal
+    return serve(args.runs_dir, host=args.host, port=args.port)
 
 
 def _cmd_serve_model(args: argparse.Namespace) -> int:
@@ -318,9 +352,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     try:
         return args.handler(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug or a case no handler foresaw: still one line, not a traceback
+        return _unexpected(f"envrl {args.command}", exc)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _unexpected(prog: str, exc: Exception) -> int:
+    """Report an exception no handler expected in one line (exit 1); ``ENVRL_TRACEBACK=1``
+    prints the traceback too, for a bug report."""
+    if os.environ.get("ENVRL_TRACEBACK", "").strip() not in ("", "0"):
+        import traceback
+
+        traceback.print_exc()
+    text = " ".join(str(exc).split()) or repr(exc)
+    return _fail(prog, f"unexpected {type(exc).__name__}: {text} (ENVRL_TRACEBACK=1 shows where)", EXIT_FAILED)
 
 
 if __name__ == "__main__":

@@ -138,14 +138,19 @@ def test_store_round_trip(tmp_path):
         for i in range(3):
             writer.append(make_record(i, success=i != 1))
         writer.append(make_record(1, success=True))  # a second result for an index is ignored
+        conn = sqlite3.connect(tmp_path / "envrl.sqlite")
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # while written
+        conn.close()
     run_dir = tmp_path / "r1"
     assert json.loads((run_dir / "config.json").read_text())["episodes"] == 10
     assert [r.to_dict() for r in read_jsonl(run_dir / "episodes.jsonl")] == \
         [make_record(i, success=i != 1).to_dict() for i in range(3)]
     assert store.load_episodes("r1") == [make_record(i, success=i != 1) for i in range(3)]
     assert db_indices(tmp_path, "r1") == [0, 1, 2]
+    # at rest, one plain file: readers need not create -wal/-shm files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["envrl.sqlite", "r1"]
     conn = sqlite3.connect(tmp_path / "envrl.sqlite")
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     conn.close()
     (run,) = store.list_runs()
     assert (run["run_id"], run["episodes_planned"], len(run["episodes"])) == ("r1", 10, 3)

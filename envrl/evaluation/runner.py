@@ -29,13 +29,17 @@ Failures
 
 Resume
     Results go to a :class:`~envrl.evaluation.store.RunWriter` as they finish. The default
-    run id is derived from (env, split, agent, seed), so running the same command again
-    reopens the run and plays only the episodes it has not recorded.
+    run id is derived from (env, split, agent spec and label, seed), so running the same
+    command again reopens the run and plays only the episodes it has not recorded, and two
+    different agents never share one.
 
 Notes
     * The agent and the env are also built once in the calling process, to check the input
-      (unknown split or agent fail fast, with a one-line message) and to read the task list
-      and the agent's ``env_kwargs``; agents with heavy state should load it lazily.
+      (unknown split or agent, seeds outside numpy's range, tasks the agent says it cannot
+      play: each fails fast, with a one-line message, before the run is registered) and to
+      read the task list and the agent's ``env_kwargs``; agents with heavy state should load
+      it lazily. Jobs are made as they are handed out, so the number of episodes planned
+      costs no memory.
     * Worker processes import the caller's main module, as with any spawn/forkserver pool:
       a script that calls :func:`run_evaluation` must do so under
       ``if __name__ == "__main__":``.
@@ -54,7 +58,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Union
 
 from envrl.processes import apply_environment, environment_snapshot, exit_reason
 from envrl.processes import start_method as default_start_method
@@ -93,6 +97,12 @@ HARD_STEP_CAP = 10_000
 
 #: longest error message kept in a record
 MAX_ERROR_LENGTH = 500
+
+#: seeds go to numpy's generators, which take 0 <= seed < 2**32
+SEED_LIMIT = 2**32
+
+#: task ids named in an error about tasks an agent cannot play
+SHOWN_TASKS = 3
 
 
 class EvaluationError(ValueError):
@@ -175,9 +185,34 @@ def resolve_env(env: str) -> tuple[str, str]:
 def default_run_id(env: str, split: str, agent: str, seed: int) -> str:
     """``<env>-<split>-<agent>-s<seed>`` with characters other than ``[A-Za-z0-9._-]`` as
     ``_`` (e.g. ``alfworld-valid_unseen-expert-s0``). The same command gives the same id,
-    which is what makes re-running it resume."""
+    which is what makes re-running it resume. ``agent`` should name the agent fully
+    (:func:`agent_run_name`): two agents must never share a default id."""
     raw = f"{env}-{split}-{agent}-s{seed}"
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("._") or "run"
+
+
+def agent_run_name(agent_spec: AgentSpec, agent_label: str) -> str:
+    """The agent's part of a default run id: its label (which may add settings, e.g. an LLM
+    agent's template) and the whole spec, whichever holds the other, else both. The spec is
+    always in it, because an agent's label need not say everything its spec does (the
+    hand-coded and the planner expert were once both labelled ``expert``)."""
+    if not isinstance(agent_spec, str) or agent_spec in agent_label:
+        return agent_label
+    if agent_label in agent_spec:
+        return agent_spec
+    return f"{agent_spec}-{agent_label}"
+
+
+def _check_seeds(seed: Any, episodes: int) -> None:
+    """Every seed of the run (``seed .. seed + episodes - 1``) must be one numpy accepts:
+    a bad one would make every episode an error that no resume can fix."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise EvaluationError(f"seed must be an integer, got {seed!r}")
+    if not 0 <= seed < SEED_LIMIT:
+        raise EvaluationError(f"seed must be in 0..{SEED_LIMIT - 1} (numpy's range), got {seed}")
+    if seed + episodes > SEED_LIMIT:
+        raise EvaluationError(f"episode i uses seed {seed} + i, so {episodes} episodes need seed <= "
+                              f"{SEED_LIMIT - episodes} (seeds stop at {SEED_LIMIT - 1}), got {seed}")
 
 
 def _check_run_id(run_id: str) -> None:
@@ -489,6 +524,42 @@ class _Job:
     task_type: str = ""
 
 
+class _JobQueue:
+    """The jobs still to play: episodes not yet handed out, made one at a time from their
+    indices (a run of a billion episodes must not build a billion jobs up front), and jobs
+    given back for a retry, which go first."""
+
+    def __init__(self, indices: Iterable[int] = (), count: int = 0,
+                 make: Callable[[int], _Job] | None = None) -> None:
+        self._fresh: Iterator[int] = iter(indices)
+        self._fresh_left = count
+        self._make = make
+        self._retries: deque[_Job] = deque()
+
+    @classmethod
+    def of(cls, jobs: Iterable[_Job]) -> "_JobQueue":
+        queue = cls()
+        queue.extend(jobs)
+        return queue
+
+    def extend(self, jobs: Iterable[_Job]) -> None:
+        self._retries.extend(jobs)
+
+    def appendleft(self, job: _Job) -> None:
+        self._retries.appendleft(job)
+
+    def popleft(self) -> _Job:
+        if self._retries:
+            return self._retries.popleft()
+        if self._fresh_left <= 0 or self._make is None:
+            raise IndexError("no job left")
+        self._fresh_left -= 1
+        return self._make(next(self._fresh))
+
+    def __len__(self) -> int:
+        return len(self._retries) + self._fresh_left
+
+
 class _Worker:
     """The parent's handle on one worker process, which plays up to ``capacity`` jobs at once."""
 
@@ -551,11 +622,11 @@ class _Pool:
         self.run_id, self.env_id, self.split, self.agent_label = run_id, env_id, split, agent_label
         self.episode_timeout = episode_timeout
         self.workers: list[_Worker] = []
-        self.pending: deque[_Job] = deque()
+        self.pending = _JobQueue()
         self.startup_failures = 0
 
-    def run(self, jobs: list[_Job]) -> None:
-        self.pending.extend(jobs)
+    def run(self, jobs: Iterable[_Job] | _JobQueue) -> None:
+        self.pending = jobs if isinstance(jobs, _JobQueue) else _JobQueue.of(jobs)
         graceful = False
         try:
             while self.pending or any(w.jobs for w in self.workers):
@@ -730,7 +801,7 @@ class _RayPool(_Pool):
         self.ray_address = ray_address
         self.slots: list[_ActorSlot] = []
 
-    def run(self, jobs: list[_Job]) -> None:
+    def run(self, jobs: Iterable[_Job] | _JobQueue) -> None:
         import ray
 
         from envrl.envs.vector_ray import DEFAULT_NUM_CPUS, connect_ray, kill_actor, release_ray, remote_class
@@ -740,7 +811,7 @@ class _RayPool(_Pool):
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise RunFailed(f"cannot connect to Ray at {self.ray_address!r}: {_one_line(exc)}") from exc
         self.actor_class = remote_class(_EpisodeActor).options(num_cpus=DEFAULT_NUM_CPUS, max_restarts=0)
-        self.pending.extend(jobs)
+        self.pending = jobs if isinstance(jobs, _JobQueue) else _JobQueue.of(jobs)
         graceful = False
         try:
             while self.pending or any(s.jobs for s in self.slots):
@@ -804,10 +875,21 @@ class _RayPool(_Pool):
             self.on_record(EpisodeRecord.from_dict(record))
 
 
-def _probe_env(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tuple[list[str], int | None]:
-    """Make the env once and read the split's task ids and the step limit; bad input becomes
-    EvaluationError (an env may reject an unknown split in ``gym.make`` or only when asked
-    for its tasks)."""
+@dataclass(frozen=True)
+class _Probe:
+    """What the parent learns from making the env once, before the run is registered."""
+
+    task_ids: list[str]
+    step_limit: int | None
+    unplayable: dict[str, str]  # task id -> why the agent cannot play it (tasks this run would play)
+
+
+def _probe_env(env_id: str, split: str, env_kwargs: Mapping[str, Any], agent: Any = None,
+               episodes: int | None = None) -> _Probe:
+    """Make the env once and read the split's task ids and the step limit, and ask ``agent``
+    (its optional ``unplayable_tasks(env, task_ids)``) which of the tasks the run would play
+    it cannot play. Bad input becomes EvaluationError (an env may reject an unknown split in
+    ``gym.make`` or only when asked for its tasks); any other failure RunFailed, one line."""
     import gymnasium as gym
 
     what = f"cannot make {env_id} with split={split!r}"
@@ -815,7 +897,11 @@ def _probe_env(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tuple[
     try:
         env = _build_env(env_id, split, env_kwargs)
         step_limit = getattr(env.spec, "max_episode_steps", None) if env.spec is not None else None
-        return [str(t) for t in env.unwrapped.task_ids], step_limit
+        task_ids = [str(t) for t in env.unwrapped.task_ids]
+        played = task_ids if episodes is None else task_ids[:episodes]
+        check = getattr(agent, "unplayable_tasks", None)
+        unplayable = dict(check(env.unwrapped, played)) if callable(check) and played else {}
+        return _Probe(task_ids, step_limit, unplayable)
     except ModuleNotFoundError as exc:
         missing = exc.name or getattr(exc.__cause__, "name", None)
         if ":" in env_id and missing and env_id.startswith(missing.split(".")[0]):  # "module:id" typo
@@ -823,9 +909,67 @@ def _probe_env(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tuple[
         raise RunFailed(f"{what}: {_describe(exc)}") from exc
     except (ValueError, KeyError, TypeError, gym.error.Error) as exc:
         raise EvaluationError(f"{what}: {_one_line(exc)}") from exc
+    except Exception as exc:  # missing data, a broken engine: one line, and nothing registered
+        raise RunFailed(f"{what}: {_describe(exc)}") from exc
     finally:
         if env is not None:
             _close(env)
+
+
+def _check_playable(agent_label: str, split: str, probe: _Probe, episodes: int) -> None:
+    """EvaluationError naming the tasks the agent has said it cannot play: each would be
+    recorded as an errored episode (and never retried), so the run is refused up front."""
+    if not probe.unplayable:
+        return
+    played = min(episodes, len(probe.task_ids))
+    shown = ", ".join(list(probe.unplayable)[:SHOWN_TASKS])
+    more = len(probe.unplayable) - SHOWN_TASKS
+    reasons = "; ".join(sorted(set(probe.unplayable.values())))
+    raise EvaluationError(
+        f"agent {agent_label!r} cannot play {len(probe.unplayable)} of the {played} tasks of split {split!r} "
+        f"this run would play ({reasons}): {shown}{f' and {more} more' if more > 0 else ''}")
+
+
+def _build_checked_agent(agent_spec: AgentSpec, env_short: str, agent_options: Mapping[str, Any]) -> Any:
+    """The agent, built once to check the spec: a bad spec is EvaluationError, any other
+    failure to build it RunFailed, both one line."""
+    try:
+        return _build_agent(agent_spec, env_short, agent_options)
+    except ImportError as exc:
+        raise EvaluationError(f"cannot load agent {agent_spec!r}: {_describe(exc)}") from exc
+    except (ValueError, KeyError, LookupError) as exc:
+        message = _one_line(exc)
+        if not (isinstance(agent_spec, str) and agent_spec in message):
+            message = f"agent {agent_spec!r}: {message}"
+        raise EvaluationError(message) from exc
+    except Exception as exc:
+        raise RunFailed(f"cannot build agent {agent_spec!r}: {_describe(exc)}") from exc
+
+
+def _check_counts(episodes: Any, workers: Any, episode_timeout: float | None, batch_size: Any, seed: Any) -> None:
+    """The numeric arguments, checked before anything is built or written."""
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        raise EvaluationError(f"episodes must be an integer >= 1, got {episodes!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise EvaluationError(f"workers must be an integer >= 1, got {workers!r}")
+    if episode_timeout is not None and episode_timeout <= 0:
+        raise EvaluationError(f"episode_timeout must be > 0, got {episode_timeout!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise EvaluationError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    _check_seeds(seed, episodes)
+
+
+def _missing_jobs(recorded: Mapping[int, EpisodeRecord], episodes: int, task_ids: list[str],
+                  seed: int) -> _JobQueue:
+    """The episodes ``0..episodes-1`` not recorded yet, as a queue that makes each job only
+    when it is handed out: memory stays flat however many episodes are planned."""
+    done = sum(1 for i in recorded if 0 <= i < episodes)
+
+    def make(i: int) -> _Job:
+        return _Job(index=i, task_id=task_ids[i % len(task_ids)], seed=seed + i)
+
+    indices = (i for i in range(episodes) if i not in recorded)
+    return _JobQueue(indices, episodes - done, make)
 
 
 def run_evaluation(
@@ -856,8 +1000,12 @@ def run_evaluation(
 
     Re-running with the same run id (by default derived from env, split, agent and seed)
     resumes: only episodes not yet recorded are played. Raises :class:`EvaluationError` on bad
-    input, :class:`~envrl.evaluation.store.RunLocked` if another process writes the run,
-    and lets KeyboardInterrupt through after closing the run cleanly.
+    input (checked before the run is registered: seeds ``seed .. seed + episodes - 1`` must be
+    in ``0 .. 2**32 - 1``; an agent with ``unplayable_tasks(env, task_ids)`` must be able to
+    play every task the run would play), :class:`RunFailed` when the agent or env cannot be
+    built or workers cannot start, :class:`~envrl.evaluation.store.StoreError` when the runs
+    directory cannot be written, :class:`~envrl.evaluation.store.RunLocked` if another
+    process writes the run, and lets KeyboardInterrupt through after closing the run cleanly.
 
     ``agent_options`` are an LLM agent's settings (template, history, temperature, top_p,
     max_new_tokens, back-end settings; see :class:`envrl.agents.llm.LLMOptions`).
@@ -870,14 +1018,7 @@ def run_evaluation(
     written here, and an episode whose actor dies is retried once, as with processes.
     """
     wall_start = time.perf_counter()
-    if not isinstance(episodes, int) or episodes < 1:
-        raise EvaluationError(f"episodes must be an integer >= 1, got {episodes!r}")
-    if not isinstance(workers, int) or workers < 1:
-        raise EvaluationError(f"workers must be an integer >= 1, got {workers!r}")
-    if episode_timeout is not None and episode_timeout <= 0:
-        raise EvaluationError(f"episode_timeout must be > 0, got {episode_timeout!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise EvaluationError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    _check_counts(episodes, workers, episode_timeout, batch_size, seed)
     agent_options = {k: v for k, v in dict(agent_options or {}).items() if v is not None}
     if ray_address is not None:
         try:
@@ -886,28 +1027,25 @@ def run_evaluation(
             raise EvaluationError("playing on Ray needs Ray: pip install 'envrl[ray]'") from exc
     env_short, env_id = resolve_env(env_name)
 
-    # Build the agent and the env once here: bad input fails now, with a clear message.
+    # Build the agent and the env once here: bad input fails now, with a clear message, and
+    # before anything is written to the store (a run that cannot start is never registered).
+    agent = _build_checked_agent(agent_spec, env_short, agent_options)
     try:
-        agent = _build_agent(agent_spec, env_short, agent_options)
-    except ImportError as exc:
-        raise EvaluationError(f"cannot load agent {agent_spec!r}: {_describe(exc)}") from exc
-    except (ValueError, KeyError, LookupError) as exc:
-        message = _one_line(exc)
-        if not (isinstance(agent_spec, str) and agent_spec in message):
-            message = f"agent {agent_spec!r}: {message}"
-        raise EvaluationError(message) from exc
-    agent_label = _agent_label(agent_spec, agent)
-    merged_kwargs = dict(getattr(agent, "env_kwargs", None) or {})
-    merged_kwargs.update(env_kwargs or {})
-    protocol_of = getattr(agent, "protocol", None)
-    agent_protocol = dict(protocol_of()) if callable(protocol_of) else {}
-    _close(agent)
-    del agent
-    task_ids, step_limit = _probe_env(env_id, split, merged_kwargs)
+        agent_label = _agent_label(agent_spec, agent)
+        merged_kwargs = dict(getattr(agent, "env_kwargs", None) or {})
+        merged_kwargs.update(env_kwargs or {})
+        protocol_of = getattr(agent, "protocol", None)
+        agent_protocol = dict(protocol_of()) if callable(protocol_of) else {}
+        probe = _probe_env(env_id, split, merged_kwargs, agent, episodes)
+    finally:
+        _close(agent)
+        del agent
+    task_ids, step_limit = probe.task_ids, probe.step_limit
     if not task_ids:
         raise EvaluationError(f"split {split!r} of {env_id} has no tasks")
+    _check_playable(agent_label, split, probe, episodes)
 
-    run_id = run_id or default_run_id(env_short, split, agent_label, seed)
+    run_id = run_id or default_run_id(env_short, split, agent_run_name(agent_spec, agent_label), seed)
     _check_run_id(run_id)
     env_package = ENGINE_PACKAGES.get(env_short, ())
     config = {
@@ -941,18 +1079,17 @@ def run_evaluation(
     bar = None
     played = 0
     try:
-        missing = [i for i in range(episodes) if i not in writer.records]
-        jobs = [_Job(index=i, task_id=task_ids[i % len(task_ids)], seed=seed + i) for i in missing]
-        if missing and len(missing) < episodes:
-            _say(f"envrl: resuming run {run_id}: {episodes - len(missing)} of {episodes} episodes already "
-                 f"recorded, playing the other {len(missing)}")
+        jobs = _missing_jobs(writer.records, episodes, task_ids, seed)
+        recorded = episodes - len(jobs)
+        if jobs and recorded:
+            _say(f"envrl: resuming run {run_id}: {recorded} of {episodes} episodes already "
+                 f"recorded, playing the other {len(jobs)}")
         if jobs:
             from tqdm import tqdm
 
-            bar = tqdm(total=episodes, initial=episodes - len(missing), desc=run_id, unit="ep",
+            bar = tqdm(total=episodes, initial=recorded, desc=run_id, unit="ep",
                        disable=not progress, file=sys.stderr, dynamic_ncols=True)
-            counts = {"success": sum(1 for i in range(episodes) if i in writer.records
-                                     and writer.records[i].success),
+            counts = {"success": sum(1 for i, r in writer.records.items() if i < episodes and r.success),
                       "errors": 0}
 
             def on_record(record: EpisodeRecord) -> None:
@@ -984,7 +1121,7 @@ def run_evaluation(
         if bar is not None:
             bar.close()
             bar = None
-        done = sum(1 for i in range(episodes) if i in writer.records)
+        done = sum(1 for i in writer.records if i < episodes)
         _say(f"envrl: interrupted; {done} of {episodes} episodes of run {run_id} are recorded in "
              f"{writer.run_dir}. Run the same command again to resume.")
         raise
@@ -993,7 +1130,7 @@ def run_evaluation(
             bar.close()
         writer.close()
 
-    records = [writer.records[i] for i in range(episodes) if i in writer.records]
+    records = [writer.records[i] for i in sorted(writer.records) if i < episodes]
     return RunSummary(
         run_id=run_id, run_dir=writer.run_dir, env_id=env_id, split=split, agent=agent_label,
         episodes_planned=episodes, episodes_done=len(records), episodes_played=played,

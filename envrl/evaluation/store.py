@@ -3,7 +3,7 @@
 Layout of a runs directory (default ``$ENVRL_RUNS_DIR``, else ``./runs``)::
 
     <runs_dir>/
-      envrl.sqlite            # every run and episode (tables runs, episodes; WAL mode)
+      envrl.sqlite            # every run and episode (tables runs, episodes; WAL mode while written)
       <run_id>/
         config.json           # what was run: env, split, agent, episodes, seed, env kwargs, versions
         episodes.jsonl        # one JSON line per finished episode, in finishing order
@@ -16,6 +16,15 @@ again, episodes present in one place and missing from the other (a process kille
 the two writes) are copied across, and a last JSONL line cut short by a kill mid-write is
 dropped with a warning and cut off the file. So an episode is never lost once its line is
 complete, and never counted twice.
+
+Readers (``envrl leaderboard``, ``envrl serve``) open the database read-only (SQLite's
+``mode=ro``): they never create the schema, switch the journal mode or write anything, so a
+read-only runs directory can be browsed. Writers use WAL mode while they are open (readers
+see each episode as it lands) and switch the database back to a plain rollback journal when
+the last of them closes, so that a store at rest is one file that readers can open without
+creating ``-wal``/``-shm`` files. A runs directory that cannot be used (not a directory, no
+permission, a corrupt database) raises :class:`StoreError` with a one-line reason; a
+malformed episode record is skipped and counted (:class:`EpisodeLoad`), never fatal.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 logger = logging.getLogger("envrl.evaluation")
 
@@ -44,6 +53,19 @@ LOCK_NAME = ".lock"
 IDENTITY_KEYS = ("env_id", "split", "agent", "seed", "env_kwargs", "task_ids_sha256", "agent_protocol")
 #: what an identity key means when a config (written by an older envrl) lacks it
 IDENTITY_DEFAULTS: dict[str, Any] = {"agent_protocol": {}}
+
+#: seconds a reader waits for a writer that holds the database exclusively (switching journal mode)
+READ_TIMEOUT = 10.0
+
+
+class StoreError(RuntimeError):
+    """The runs directory or its database cannot be used: not a directory, no permission, a
+    corrupt or locked database. The message is one line naming the path and the reason, so
+    the CLI can print it as it is."""
+
+
+class MalformedRecord(ValueError):
+    """A stored episode record that cannot be read back (bad JSON, a missing field)."""
 
 
 def default_runs_dir() -> Path:
@@ -144,6 +166,35 @@ class EpisodeRecord:
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
+#: what reading a hand-edited, cut or foreign record can raise
+_RECORD_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
+
+
+def parse_record(line: str | bytes) -> EpisodeRecord:
+    """One stored record (a JSONL line or the database's ``record`` column) as an
+    :class:`EpisodeRecord`; :class:`MalformedRecord` with a one-line reason when it cannot be
+    read, so that callers skip one bad record instead of failing on all of them."""
+    try:
+        data = json.loads(line)
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a record is a JSON object, not {type(data).__name__}")
+        return EpisodeRecord.from_dict(data)
+    except MalformedRecord:
+        raise
+    except _RECORD_ERRORS as exc:
+        reason = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise MalformedRecord(" ".join(f"{type(exc).__name__}: {reason}".split())) from exc
+
+
+@dataclass
+class EpisodeLoad:
+    """The readable records of a run, and the episodes whose records could not be read
+    (episode index -> reason): one malformed record must not hide the others."""
+
+    records: list[EpisodeRecord]
+    skipped: dict[int, str] = field(default_factory=dict)
+
+
 def _jsonable(value: Any) -> Any:
     """``value`` as it will read back from JSON (so stored and new configs compare equal)."""
     return json.loads(json.dumps(value, sort_keys=True, default=str))
@@ -183,8 +234,8 @@ def read_jsonl(path: str | os.PathLike[str], repair: bool = False) -> list[Episo
             keep_end = pos
             continue
         try:
-            record = EpisodeRecord.from_dict(json.loads(line))
-        except (ValueError, KeyError, TypeError) as exc:
+            record = parse_record(line)
+        except MalformedRecord as exc:
             if pos >= len(data):
                 logger.warning("%s: dropping an unreadable last line %d (%s); that episode will be "
                                "run again", path, line_no, exc)
@@ -247,6 +298,85 @@ _SUMMARY_COLUMNS = ("episode_index", "task_id", "task_type", "split", "success",
                     "valid_action_ratio", "error")
 
 
+#: SQLite errors that mean "the -wal/-shm files of a WAL database cannot be created or used
+#: here" (a read-only directory or file system); ``sqlite_errorname`` exists from Python 3.11
+_CANNOT_OPEN_WAL = ("SQLITE_READONLY_DIRECTORY", "SQLITE_READONLY_CANTINIT", "SQLITE_READONLY_RECOVERY",
+                    "SQLITE_CANTOPEN")
+
+
+def _sqlite_reason(exc: sqlite3.Error) -> str:
+    """A one-line reason for a SQLite error, with what to check: SQLite's own words
+    ("unable to open database file") do not say that a directory is read-only."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    name = getattr(exc, "sqlite_errorname", "")
+    if "readonly" in text or "read-only" in text or name.startswith("SQLITE_READONLY"):
+        return f"{text} (the directory or the database file is read-only)"
+    if "unable to open" in text:
+        return f"{text} (check that the directory exists and its permissions)"
+    if "locked" in text or "busy" in text:
+        return f"{text} (another process holds the database)"
+    if "not a database" in text or "malformed" in text or type(exc) is sqlite3.DatabaseError:
+        return (f"the database is corrupt ({text}); move it aside: re-running a run's command rebuilds "
+                f"the run from its {JSONL_NAME}")
+    return text
+
+
+@contextlib.contextmanager
+def _store_errors(what: str) -> Iterator[None]:
+    """Turn SQLite and file-system errors into :class:`StoreError` ("<what>: <reason>"), so
+    that no caller has to know SQLite's exception types and no user sees a traceback."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"{what}: {_sqlite_reason(exc)}") from exc
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise StoreError(f"{what}: {exc.strerror or exc}{where}") from exc
+
+
+def _try_read(uri: str) -> sqlite3.Connection:
+    """Open ``uri`` and read its schema once (SQLite opens lazily: errors surface here)."""
+    conn = sqlite3.connect(uri, uri=True, timeout=READ_TIMEOUT)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def open_read_only(db_path: Path) -> sqlite3.Connection:
+    """A connection that cannot write ``db_path`` (SQLite ``mode=ro``).
+
+    A WAL database needs its ``-wal``/``-shm`` files; where they cannot be created (a
+    read-only directory or file system) the database is opened ``immutable``, which reads
+    the file alone. That is safe there: no writer can write a WAL database in a directory
+    where its ``-wal`` file cannot exist either."""
+    uri = db_path.resolve().as_uri()
+    try:
+        return _try_read(f"{uri}?mode=ro")
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        if not (getattr(exc, "sqlite_errorname", "") in _CANNOT_OPEN_WAL or "readonly" in text
+                or "unable to open" in text):
+            raise
+        logger.debug("%s: reading it as immutable (%s)", db_path, text)
+        return _try_read(f"{uri}?mode=ro&immutable=1")
+
+
+def _rest_and_close(conn: sqlite3.Connection) -> None:
+    """Close a writer's connection, switching the database back to a rollback journal when no
+    other connection has it open (else SQLite refuses at once and the last one does it), so
+    that a database at rest is one file: readers then need no ``-wal``/``-shm`` files."""
+    try:
+        conn.execute("PRAGMA busy_timeout = 0")
+        conn.execute("PRAGMA journal_mode=DELETE")
+    except sqlite3.Error:
+        pass
+    finally:
+        conn.close()
+
+
 class RunConfigMismatch(ValueError):
     """A run id was reopened with a different env, split, agent, seed, env kwargs or task list."""
 
@@ -265,84 +395,159 @@ class ResultStore:
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
 
+    def _check_dir(self) -> None:
+        """StoreError when the runs directory is a file: SQLite and mkdir would say
+        something less helpful ("unable to open database file", "File exists")."""
+        if self.runs_dir.exists() and not self.runs_dir.is_dir():
+            raise StoreError(f"runs directory {self.runs_dir} is not a directory")
+
     def connect(self) -> sqlite3.Connection:
-        """A connection with the schema in place (creates the directory and database)."""
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.db_path, timeout=60.0)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.executescript(_SCHEMA)
-        conn.commit()
+        """A writable connection with the schema in place (creates the directory and
+        database); :class:`StoreError` when that is not possible. Writers only: readers use
+        :meth:`_reading`, which never writes."""
+        self._check_dir()
+        with _store_errors(f"cannot open the results database {self.db_path} for writing"):
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.db_path, timeout=60.0)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+                conn.commit()
+            except BaseException:
+                conn.close()
+                raise
         return conn
 
-    def _read_conn(self) -> sqlite3.Connection | None:
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection | None]:
+        """A read-only connection for the duration (None when there is no database yet: an
+        empty store); any SQLite error while reading becomes :class:`StoreError`."""
+        self._check_dir()
         if not self.db_path.exists():
-            return None
-        return self.connect()
+            yield None
+            return
+        with _store_errors(f"cannot read the results database {self.db_path}"):
+            conn = open_read_only(self.db_path)
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    @staticmethod
+    def _tables(conn: sqlite3.Connection) -> set[str]:
+        """The tables present: a database no writer has given the schema yet is an empty
+        store, not an error (readers never create the schema)."""
+        return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
     # ---- reading --------------------------------------------------------------------
 
+    def check_readable(self) -> None:
+        """Raise :class:`StoreError` now if the store cannot be read (a server checks this
+        before it listens rather than answering every page with an error)."""
+        with self._reading() as conn:
+            if conn is not None:
+                self._tables(conn)
+
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The stored config of ``run_id`` (with ``episodes`` = episodes planned), or None."""
-        conn = self._read_conn()
-        if conn is None:
-            return None
-        try:
+        with self._reading() as conn:
+            if conn is None or "runs" not in self._tables(conn):
+                return None
             row = conn.execute("SELECT config, episodes_planned FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        finally:
-            conn.close()
         if row is None:
             return None
-        config = json.loads(row[0])
+        config = _config_of(run_id, row[0])
         config["episodes"] = int(row[1])
         return config
 
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run: its columns, its config and ``episodes``: a list of per-episode summaries
-        (the record fields used by the metrics, without trajectories), by episode index."""
-        conn = self._read_conn()
-        if conn is None:
-            return []
-        try:
+        (the record fields used by the metrics, without trajectories), by episode index.
+        ``skipped`` counts the run's episode rows whose summary columns cannot be read."""
+        with self._reading() as conn:
+            if conn is None:
+                return []
+            tables = self._tables(conn)
+            if "runs" not in tables:
+                return []
             runs = conn.execute(
                 "SELECT run_id, env, env_id, split, agent, seed, episodes_planned, config, created_at, "
                 "updated_at FROM runs ORDER BY created_at, run_id").fetchall()
             episode_rows = conn.execute(
                 f"SELECT run_id, {', '.join(_SUMMARY_COLUMNS)} FROM episodes ORDER BY run_id, episode_index"
-            ).fetchall()
-        finally:
-            conn.close()
+            ).fetchall() if "episodes" in tables else []
         by_run: dict[str, list[dict[str, Any]]] = {}
+        skipped: dict[str, int] = {}
         for row in episode_rows:
-            item = dict(zip(_SUMMARY_COLUMNS, row[1:], strict=True))
-            item["success"] = bool(item["success"])
+            item = _summary(row[1:])
+            if item is None:
+                skipped[row[0]] = skipped.get(row[0], 0) + 1
+                continue
             by_run.setdefault(row[0], []).append(item)
         out = []
         for run_id, env, env_id, split, agent, seed, planned, config, created, updated in runs:
             out.append({
                 "run_id": run_id, "env": env, "env_id": env_id, "split": split, "agent": agent,
-                "seed": seed, "episodes_planned": planned, "config": json.loads(config),
+                "seed": seed, "episodes_planned": planned, "config": _config_of(run_id, config),
                 "created_at": created, "updated_at": updated, "episodes": by_run.get(run_id, []),
+                "skipped": skipped.get(run_id, 0),
             })
         return out
 
+    def read_episodes(self, run_id: str) -> EpisodeLoad:
+        """Full records (with trajectories) of ``run_id`` from SQLite, by episode index; a
+        record that cannot be read is skipped and listed in ``skipped`` with its reason."""
+        with self._reading() as conn:
+            if conn is None or "episodes" not in self._tables(conn):
+                return EpisodeLoad([])
+            rows = conn.execute("SELECT episode_index, record FROM episodes WHERE run_id = ? "
+                                "ORDER BY episode_index", (run_id,)).fetchall()
+        load = EpisodeLoad([])
+        for index, line in rows:
+            try:
+                load.records.append(parse_record(line))
+            except MalformedRecord as exc:
+                load.skipped[int(index)] = str(exc)
+        if load.skipped:
+            logger.warning("run %s: skipped %d unreadable episode record(s) in %s (episode %s: %s)", run_id,
+                           len(load.skipped), self.db_path, *next(iter(load.skipped.items())))
+        return load
+
     def load_episodes(self, run_id: str) -> list[EpisodeRecord]:
-        """Full records (with trajectories) of ``run_id`` from SQLite, by episode index."""
-        conn = self._read_conn()
-        if conn is None:
-            return []
-        try:
-            rows = conn.execute("SELECT record FROM episodes WHERE run_id = ? ORDER BY episode_index",
-                                (run_id,)).fetchall()
-        finally:
-            conn.close()
-        return [EpisodeRecord.from_dict(json.loads(r[0])) for r in rows]
+        """The readable full records of ``run_id`` (see :meth:`read_episodes`)."""
+        return self.read_episodes(run_id).records
 
     # ---- writing --------------------------------------------------------------------
 
     def open_run(self, run_id: str, config: Mapping[str, Any]) -> "RunWriter":
         """Create ``run_id`` or reopen it to resume (see :class:`RunWriter`)."""
         return RunWriter(self, run_id, config)
+
+
+def _config_of(run_id: str, text: str) -> dict[str, Any]:
+    """A run's stored config; an unreadable one is shown as empty (with a warning) rather
+    than making every page and table that lists the run fail."""
+    try:
+        config = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        logger.warning("run %s: its stored config cannot be read (%s)", run_id, exc)
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _summary(values: Sequence[Any]) -> dict[str, Any] | None:
+    """One episode's summary columns as a dict, or None when a hand-edited or foreign row
+    holds values the metrics cannot use (they would fail on every page of its run)."""
+    item = dict(zip(_SUMMARY_COLUMNS, values, strict=True))
+    numbers = (item["episode_index"], item["turns"], item["score"], item["success"])
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+        return None
+    ratio = item["valid_action_ratio"]
+    if ratio is not None and not isinstance(ratio, (int, float)):
+        return None
+    item["success"] = bool(item["success"])
+    return item
 
 
 def _insert_episode(conn: sqlite3.Connection, record: EpisodeRecord, line: str) -> None:
@@ -408,11 +613,12 @@ class _FileLock:
 class RunWriter:
     """Writes the episodes of one run; opening it creates or resumes the run.
 
-    On open: the run directory is locked; the run row is created, or checked against
-    ``config`` (a difference in :data:`IDENTITY_KEYS` raises :class:`RunConfigMismatch`; the
-    number of episodes planned grows to the larger value); the JSONL journal is read (a cut
-    last line is dropped) and reconciled with SQLite in both directions. ``records`` then holds
-    every episode recorded so far, by index.
+    On open: the database is opened for writing first (a store that cannot be written fails
+    with :class:`StoreError` before anything is created); the run directory is locked; the
+    run row is created, or checked against ``config`` (a difference in :data:`IDENTITY_KEYS`
+    raises :class:`RunConfigMismatch`; the number of episodes planned grows to the larger
+    value); the JSONL journal is read (a cut last line is dropped) and reconciled with SQLite
+    in both directions. ``records`` then holds every episode recorded so far, by index.
     """
 
     def __init__(self, store: ResultStore, run_id: str, config: Mapping[str, Any]):
@@ -421,17 +627,17 @@ class RunWriter:
         self.run_dir = store.run_dir(run_id)
         self.jsonl_path = self.run_dir / JSONL_NAME
         self.config_path = self.run_dir / CONFIG_NAME
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _FileLock(self.run_dir / LOCK_NAME)
-        self._lock.acquire()
-        self._conn: sqlite3.Connection | None = None
+        self._conn: sqlite3.Connection | None = store.connect()
         self._jsonl = None
         try:
-            self._conn = store.connect()
-            self.config = self._register(dict(config))
-            self.records: dict[int, EpisodeRecord] = {}
-            self.repaired = self._reconcile()
-            self._jsonl = open(self.jsonl_path, "ab")
+            with _store_errors(f"cannot open run {run_id!r} in {self.run_dir}"):
+                self.run_dir.mkdir(exist_ok=True)
+                self._lock.acquire()
+                self.config = self._register(dict(config))
+                self.records: dict[int, EpisodeRecord] = {}
+                self.repaired = self._reconcile()
+                self._jsonl = open(self.jsonl_path, "ab")
         except BaseException:
             self.close()
             raise
@@ -447,7 +653,7 @@ class RunWriter:
                                  (self.run_id,)).fetchone()
         if row is None and self.config_path.exists():
             # the database was removed or replaced but the run directory survived: its config stands
-            on_disk = json.loads(self.config_path.read_text(encoding="utf-8"))
+            on_disk = self._readable_config(self.config_path.read_text(encoding="utf-8"), str(self.config_path))
             on_disk["run_id"] = self.run_id
             self._conn.execute(
                 "INSERT INTO runs (run_id, env, env_id, split, agent, seed, episodes_planned, config, created_at, "
@@ -464,7 +670,8 @@ class RunWriter:
             self._write_config(config)
             return config
 
-        stored = json.loads(row[0])
+        stored = self._readable_config(row[0], f"the database's row for run {self.run_id!r}")
+
         def identity(cfg: Mapping[str, Any], key: str) -> Any:
             return cfg.get(key, IDENTITY_DEFAULTS.get(key))
 
@@ -486,6 +693,17 @@ class RunWriter:
         self._write_config(stored)
         return stored
 
+    def _readable_config(self, text: str, where: str) -> dict[str, Any]:
+        """A stored run config that resuming can compare against; StoreError when it cannot be
+        read, because resuming a run whose setup is unknown could mix two setups."""
+        try:
+            config = json.loads(text)
+            int(config["episodes"])
+            return dict(config)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"cannot resume run {self.run_id!r}: its config in {where} cannot be read ({exc}); "
+                             f"choose another run id (--run-id)") from exc
+
     @staticmethod
     def _run_row(config: Mapping[str, Any], planned: int, now: float) -> tuple:
         return (config["run_id"], config.get("env", config["env_id"]), config["env_id"], config["split"],
@@ -503,9 +721,7 @@ class RunWriter:
         assert self._conn is not None
         journal = read_jsonl(self.jsonl_path, repair=True)
         journal = [r for r in journal if r.run_id == self.run_id]
-        rows = self._conn.execute("SELECT episode_index, record FROM episodes WHERE run_id = ?",
-                                  (self.run_id,)).fetchall()
-        in_db = {int(index): line for index, line in rows}
+        in_db = self._readable_db_records({r.episode_index: r for r in journal})
         to_db = [r for r in journal if r.episode_index not in in_db]
         for record in to_db:
             _insert_episode(self._conn, record, record.to_json())
@@ -519,7 +735,7 @@ class RunWriter:
         if to_journal:
             with open(self.jsonl_path, "ab") as fh:
                 for index in to_journal:
-                    record = EpisodeRecord.from_dict(json.loads(in_db[index]))
+                    record = in_db[index]
                     fh.write((record.to_json() + "\n").encode("utf-8"))
                     self.records[index] = record
                 fh.flush()
@@ -527,6 +743,26 @@ class RunWriter:
             logger.warning("run %s: %d episode(s) were in the database but not in %s; added them",
                            self.run_id, len(to_journal), JSONL_NAME)
         return {"to_db": len(to_db), "to_jsonl": len(to_journal)}
+
+    def _readable_db_records(self, journal: Mapping[int, EpisodeRecord]) -> dict[int, EpisodeRecord]:
+        """This run's database records by index. An unreadable one is replaced by the
+        journal's copy when there is one, else deleted so that its episode is played again
+        (kept, it would block the new result: the database ignores a second row per index)."""
+        assert self._conn is not None
+        rows = self._conn.execute("SELECT episode_index, record FROM episodes WHERE run_id = ?",
+                                  (self.run_id,)).fetchall()
+        readable: dict[int, EpisodeRecord] = {}
+        for index, line in rows:
+            try:
+                readable[int(index)] = parse_record(line)
+                continue
+            except MalformedRecord as exc:
+                reason = str(exc)
+            self._conn.execute("DELETE FROM episodes WHERE run_id = ? AND episode_index = ?", (self.run_id, index))
+            fate = "replaced it with the journal's copy" if index in journal else "that episode will be played again"
+            logger.warning("run %s: the database record of episode %d cannot be read (%s); %s", self.run_id,
+                           index, reason, fate)
+        return readable
 
     # ---- writing --------------------------------------------------------------------
 
@@ -546,7 +782,9 @@ class RunWriter:
                            self.run_id, record.episode_index)
             return
         line = record.to_json()
-        with _signals_deferred():  # Ctrl-C lands after both writes, not between them
+        with _signals_deferred(), _store_errors(f"cannot record episode {record.episode_index} of run "
+                                                f"{self.run_id!r} in {self.run_dir}"):
+            # Ctrl-C lands after both writes, not between them
             self._jsonl.write((line + "\n").encode("utf-8"))
             self._jsonl.flush()
             os.fsync(self._jsonl.fileno())
@@ -560,7 +798,7 @@ class RunWriter:
             self._jsonl.close()
             self._jsonl = None
         if self._conn is not None:
-            self._conn.close()
+            _rest_and_close(self._conn)
             self._conn = None
         self._lock.release()
 

@@ -14,10 +14,12 @@ Routes (all GET, server-side rendered, plain links: it works without JavaScript)
     one episode, one step at a time (``k = 0`` is the initial observation).
 
 An unknown run, episode, plot or step answers 404. The viewer only reads: it goes through
-the :class:`~envrl.evaluation.store.ResultStore` read methods (one short SQLite read per
-call, WAL mode, so a run being written is shown as far as it got) and never takes a run's
-lock. Everything that comes from the store is escaped by Jinja's autoescape; templates never
-mark data ``|safe``.
+the :class:`~envrl.evaluation.store.ResultStore` read methods (one short read-only SQLite
+read per call, so a run being written is shown as far as it got, and a read-only runs
+directory can be browsed) and never takes a run's lock. An episode record that cannot be
+read is left out, and the run page says which; a store that cannot be read at all answers
+503 with the reason (and :func:`serve` refuses to start on one). Everything that comes from
+the store is escaped by Jinja's autoescape; templates never mark data ``|safe``.
 
 Loaded trajectories and rendered plots are cached in memory, keyed by the run's
 ``updated_at`` and episode count, which every appended episode changes, so a page never
@@ -40,11 +42,12 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, render_template, request
+from jinja2 import ChoiceLoader, DictLoader
 
 from envrl.evaluation import plots
 from envrl.evaluation.leaderboard import leaderboard_data, split_kind
 from envrl.evaluation.metrics import Metrics, compute_metrics, summarize
-from envrl.evaluation.store import EpisodeRecord, ResultStore
+from envrl.evaluation.store import EpisodeLoad, EpisodeRecord, ResultStore, StoreError
 
 #: figures of a run page, by the name in their URL
 PLOTS = ("task_types", "turns", "splits")
@@ -59,6 +62,27 @@ EPISODE_CACHE_RUNS = 4
 PLOT_CACHE_SIZE = 128
 
 _STEP_RE = re.compile(r"[0-9]{1,9}")
+
+#: templates defined here rather than as files: the run page with a note above it on the
+#: episode records that could not be read, and the page of a store that cannot be read (503)
+_RUN_PAGE = "web_run_checked.html"
+_STORE_ERROR_PAGE = "web_store_error.html"
+_TEMPLATES = {
+    _RUN_PAGE: """{% extends "web_run.html" %}
+{% block content %}
+{% if skipped %}
+<p id="skipped" class="notes">Skipped {{ skipped|length }} unreadable episode record{{ "s" if skipped|length != 1 }}
+ of this run; the rest are shown: {{ skipped|join("; ") }}.</p>
+{% endif %}
+{{ super() }}
+{% endblock %}""",
+    _STORE_ERROR_PAGE: """{% extends "web_base.html" %}
+{% block title %}results unavailable{% endblock %}
+{% block content %}
+<h1>The results cannot be read</h1>
+<p id="error">{{ description }}</p>
+{% endblock %}""",
+}
 
 
 # ---- formatting (Jinja filters) ---------------------------------------------------------
@@ -166,14 +190,19 @@ class _Reader:
                 return dict(run)
         abort(404, description=f"There is no run named {run_id!r} in this store.")
 
-    def episodes(self, run: Mapping[str, Any]) -> dict[int, EpisodeRecord]:
-        """Full records of ``run`` by episode index (cached until the run changes)."""
+    def load(self, run: Mapping[str, Any]) -> EpisodeLoad:
+        """Full records of ``run`` and the ones that could not be read (cached until the run
+        changes)."""
         key = _fingerprint(run)
         cached = self._episodes.get(key)
         if cached is None:
-            cached = {r.episode_index: r for r in self.store.load_episodes(run["run_id"])}
+            cached = self.store.read_episodes(run["run_id"])
             self._episodes.put(key, cached)
         return cached
+
+    def episodes(self, run: Mapping[str, Any]) -> dict[int, EpisodeRecord]:
+        """The readable full records of ``run`` by episode index."""
+        return {r.episode_index: r for r in self.load(run).records}
 
     def plot(self, key: Hashable, render: Callable[[], bytes]) -> bytes:
         png = self._plots.get(key)
@@ -331,6 +360,16 @@ def _leaderboard_view(data: Mapping[str, Any]) -> dict[str, Any]:
             "notes": list(data.get("notes") or [])}
 
 
+def skipped_notes(run: Mapping[str, Any], load: EpisodeLoad) -> list[str]:
+    """What the run page says about the records it had to leave out: which episodes and why
+    (a malformed record), and how many summary rows held unusable values."""
+    notes = [f"episode {index} ({reason})" for index, reason in sorted(load.skipped.items())]
+    rows = int(run.get("skipped") or 0)
+    if rows:
+        notes.append(f"{rows} episode row{'s' if rows != 1 else ''} with unusable values")
+    return notes
+
+
 def _step_number(raw: str | None, last: int) -> int:
     """The ``step`` query argument as an int in ``0..last``; anything else is a 404."""
     if raw is None:
@@ -354,6 +393,7 @@ def create_app(runs_dir: str | os.PathLike[str] | None = None) -> Flask:
     app.jinja_env.globals.update(ci=format_ci, runs_dir=str(reader.store.runs_dir))
     app.jinja_env.trim_blocks = True
     app.jinja_env.lstrip_blocks = True
+    app.jinja_env.loader = ChoiceLoader([app.jinja_env.loader, DictLoader(_TEMPLATES)])
 
     @app.get("/")
     def leaderboard_page() -> str:
@@ -367,14 +407,16 @@ def create_app(runs_dir: str | os.PathLike[str] | None = None) -> Flask:
         runs = reader.runs()
         run = reader.run(run_id, runs)
         report = compute_metrics(run["episodes"])
+        load = reader.load(run)
         return render_template(
-            "web_run.html",
+            _RUN_PAGE,
+            skipped=skipped_notes(run, load),
             run=run,
             report=report,
             planned=max(int(run["episodes_planned"]), report.overall.episodes),
             config_json=json.dumps(run["config"], indent=2, sort_keys=True, ensure_ascii=False, default=str),
             splits=_same_agent_runs(run, runs),
-            llm=agent_info_stats(reader.episodes(run).values()),
+            llm=agent_info_stats(load.records),
         )
 
     @app.get("/runs/<run_id>/plots/<name>.png")
@@ -404,6 +446,10 @@ def create_app(runs_dir: str | os.PathLike[str] | None = None) -> Flask:
     @app.get("/runs/<run_id>/episodes/<int:index>")
     def episode_page(run_id: str, index: int) -> str:
         run = reader.run(run_id)
+        load = reader.load(run)
+        if index in load.skipped:
+            abort(404, description=f"The record of episode {index} of run {run_id!r} cannot be read "
+                                  f"({load.skipped[index]}); the run's other episodes are shown.")
         records = reader.episodes(run)
         record = records.get(index)
         if record is None:
@@ -430,6 +476,11 @@ def create_app(runs_dir: str | os.PathLike[str] | None = None) -> Flask:
         description = getattr(error, "description", None) or "Not found."
         return render_template("web_404.html", description=description), 404
 
+    @app.errorhandler(StoreError)
+    def store_unreadable(error: StoreError) -> tuple[str, int]:
+        """The store went bad while serving (it was checked at start): say why on the page."""
+        return render_template(_STORE_ERROR_PAGE, description=str(error)), 503
+
     return app
 
 
@@ -444,12 +495,25 @@ def serve(runs_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1
     """Serve the viewer (werkzeug, threaded) until SIGINT or SIGTERM; returns the exit code.
 
     Prints the URL once listening (``port=0`` picks a free port and prints it). Returns 0
-    after a signal, 1 when the address cannot be bound (the reason goes to stderr). Meant for
+    after a signal, 1 when the store cannot be read or the address cannot be bound (the
+    reason goes to stderr, one line). Meant for
     one person's browser on a trusted network: werkzeug's server is not a production server.
     """
     from werkzeug.serving import make_server
 
+    from envrl.cli import check_port
+
+    try:
+        check_port(port)
+    except ValueError as exc:
+        print(f"envrl: cannot listen on {host}:{port}: the port {exc}", file=sys.stderr)
+        return 1
     app = create_app(runs_dir)
+    try:
+        app.extensions["envrl_reader"].store.check_readable()
+    except StoreError as exc:
+        print(f"envrl serve: error: {exc}", file=sys.stderr)
+        return 1
     try:
         server = make_server(host, port, app, threaded=True)
     except OSError as exc:
