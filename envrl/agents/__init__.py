@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from envrl.agents.base import Agent, act_batch
+from envrl.agents.base import Agent, BatchedAgent, act_batch, is_batched
 from envrl.agents.expert import ExpertAgent
 from envrl.agents.generation import Generation, SamplingConfig
 from envrl.agents.llm import LLMAgent, LLMOptions
@@ -40,4 +40,4 @@ def make_agent(spec: str, env_name: str | None = None, seed: int | None = None,
 
 
 __all__ = ["Agent", "AGENTS", "ExpertAgent", "Generation", "LLMAgent", "LLMOptions", "PromptTemplate", "RandomAgent",
-           "SamplingConfig", "act_batch", "load_template", "make_agent", "parse_response"]
+           "SamplingConfig", "act_batch", "is_batched", "BatchedAgent", "load_template", "make_agent", "parse_response"]

@@ -1,4 +1,10 @@
-"""The agent interface shared by every agent (random, expert, LLM agents)."""
+"""The agent interface shared by every agent (random, expert, LLM agents), and batched acting.
+
+An agent that can choose the actions of many episodes in one go (one batched model call)
+says so by following :class:`BatchedAgent`; :func:`act_batch`, the evaluation runner and the
+training rollouts ask such agents together and every other agent one by one. No caller
+checks for a concrete class, so a training policy batches the same way as an LLM agent.
+"""
 
 from __future__ import annotations
 
@@ -21,18 +27,40 @@ class Agent(Protocol):
         """Return the next action given the latest observation and info."""
 
 
-def act_batch(agents: Sequence[Agent], observations: Sequence[str], infos: Sequence[dict[str, Any]]) -> list[str]:
-    """One action per env. LLM agents that share a back end get their responses from one
-    batched call (:func:`envrl.agents.llm.act_together`); other agents act one by one."""
-    from envrl.agents.llm import LLMAgent, act_together
+@runtime_checkable
+class BatchedAgent(Agent, Protocol):
+    """An agent that chooses the actions of many episodes together.
 
+    ``act_together(agents, observations, infos)`` returns one action per agent of
+    ``agents``, a list of agents of this agent's type (this one among them), each in its own
+    episode; it may raise, which ends every episode of the call. One call per turn is what
+    lets an LLM agent answer all its episodes with one batched generation.
+    """
+
+    def act_together(self, agents: Sequence[Any], observations: Sequence[str],
+                     infos: Sequence[dict[str, Any]]) -> list[str]:
+        """One action per agent, chosen in one go."""
+
+
+def is_batched(agent: Any) -> bool:
+    """Whether ``agent`` acts in batches (follows :class:`BatchedAgent`)."""
+    return callable(getattr(agent, "act_together", None))
+
+
+def act_batch(agents: Sequence[Agent], observations: Sequence[str], infos: Sequence[dict[str, Any]]) -> list[str]:
+    """One action per env: batched agents of one type answer together in one
+    ``act_together`` call (see :class:`BatchedAgent`); other agents act one by one."""
     actions: list[str] = [""] * len(agents)
-    llm = [i for i, agent in enumerate(agents) if isinstance(agent, LLMAgent)]
-    if llm:
-        together = act_together([agents[i] for i in llm], [observations[i] for i in llm], [infos[i] for i in llm])
-        for i, action in zip(llm, together):
-            actions[i] = action
+    groups: dict[type, list[int]] = {}
     for i, agent in enumerate(agents):
-        if not isinstance(agent, LLMAgent):
+        if is_batched(agent):
+            groups.setdefault(type(agent), []).append(i)
+        else:
             actions[i] = agent.act(observations[i], infos[i])
+    for members in groups.values():
+        batch = [agents[i] for i in members]
+        together = batch[0].act_together(batch, [observations[i] for i in members],  # type: ignore[attr-defined]
+                                         [infos[i] for i in members])
+        for i, action in zip(members, together):
+            actions[i] = action
     return actions

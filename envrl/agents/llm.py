@@ -7,7 +7,8 @@ llama.cpp, ``envrl serve-model``, a hosted API).
 
 One :class:`LLMAgent` plays one episode at a time. Agents that play side by side in one
 process share a back end (:meth:`LLMAgent.sibling`), and :func:`envrl.agents.base.act_batch`
-asks it for all their responses in one call: one batched ``generate`` for a transformers model,
+(through the :class:`~envrl.agents.base.BatchedAgent` protocol) asks it for all their responses
+in one call: one batched ``generate`` for a transformers model,
 concurrent requests for a server.
 
 Each turn the agent records ``step_info`` (the raw response, its reasoning, whether the format
@@ -116,6 +117,11 @@ class LLMAgent:
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
         return act_together([self], [observation], [info])[0]
+
+    def act_together(self, agents: Sequence["LLMAgent"], observations: Sequence[str],
+                     infos: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The :class:`~envrl.agents.base.BatchedAgent` protocol: see :func:`act_together`."""
+        return act_together(agents, observations, infos)
 
     def sibling(self) -> "LLMAgent":
         """Another agent with the same settings and the same (shared) back end."""

@@ -371,7 +371,7 @@ class _Slots:
     ``("started", (index, task_type))`` and ``("done", record)``.
 
     An exception in one env, or in one agent that acts on its own, ends that episode only (its
-    env or agent is rebuilt); an exception in LLM agents' shared ``act_batch`` call ends every
+    env or agent is rebuilt); an exception in batched agents' shared ``act_batch`` call ends every
     episode in that call (the agents are rebuilt)."""
 
     def __init__(self, setup: _Setup, report: Callable[[str, Any], None]):
@@ -405,14 +405,13 @@ class _Slots:
 
     def turn(self) -> None:
         """One action for every episode in progress."""
-        from envrl.agents.base import act_batch
-        from envrl.agents.llm import LLMAgent
+        from envrl.agents.base import act_batch, is_batched
 
         active = [i for i, e in enumerate(self.episodes) if e is not None]
         if not active:
             return
         episodes = [self.episodes[i] for i in active]
-        if not all(isinstance(e.agent, LLMAgent) for e in episodes):
+        if not all(is_batched(e.agent) for e in episodes):
             actions = []  # agents that act one by one: an exception ends only its own episode
             for i, episode in zip(list(active), list(episodes)):
                 try:
