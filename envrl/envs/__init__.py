@@ -19,7 +19,7 @@ ENVIRONMENTS = {
 ENV_IDS = {name: env_id for name, (env_id, _, _) in ENVIRONMENTS.items()}
 
 #: each env's splits in leaderboard order, with their kind: in-distribution (ID) or
-#: out-of-distribution (OOD); see DESIGN.md, Splits
+#: out-of-distribution (OOD); see docs/design.md
 SPLIT_KINDS: dict[str, dict[str, str]] = {
     "alfworld": {"train": "ID", "valid_seen": "ID", "valid_unseen": "OOD", "ood_objects": "OOD"},
     "webshop": {"train": "ID", "eval": "ID", "test": "ID", "test_ood": "OOD"},

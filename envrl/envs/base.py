@@ -1,4 +1,4 @@
-"""The environment contract every envrl environment follows (see DESIGN.md).
+"""The environment contract every envrl environment follows (see docs/design.md).
 
 An envrl environment is a ``gymnasium.Env`` whose observations and actions are plain
 strings. Subclasses implement three small hooks (``_split_task_ids``, ``_start_task`` and

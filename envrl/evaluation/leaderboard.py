@@ -36,7 +36,7 @@ ENV_PROTOCOL_KEYS = ("step_limit", "task_ids_sha256", "episodes", "seed", "engin
 
 
 def split_kind(env: str, split: str) -> str:
-    """``"ID"`` or ``"OOD"`` for a split of an envrl env (DESIGN.md, Splits); other envs'
+    """``"ID"`` or ``"OOD"`` for a split of an envrl env (docs/design.md); other envs'
     splits are ``"ID"`` unless their name says otherwise."""
     from envrl.envs import SPLIT_KINDS
 

@@ -112,7 +112,7 @@ class StepRecord:
 
 @dataclass
 class EpisodeRecord:
-    """One played episode (see DESIGN.md, Results).
+    """One played episode (see docs/design.md).
 
     ``episode_index`` is the episode's place in the run (episode i plays task
     ``task_ids[i % len(task_ids)]`` with seed ``run seed + i``). ``error`` is ``None`` for an
