@@ -367,3 +367,21 @@ def test_unreadable_summary_columns_are_skipped(tmp_path):
     conn.close()
     (run,) = ResultStore(runs_dir).list_runs()
     assert [e["episode_index"] for e in run["episodes"]] == [0, 1, 2] and run["skipped"] == 1
+
+
+def test_the_raw_journal_never_holds_an_episode_twice(tmp_path):
+    """The writer itself refuses a second record of an index, in one session and after a
+    reopen: the raw episodes.jsonl (not only de-duplicating readers) has each episode once."""
+    store = ResultStore(tmp_path)
+    first = make_record(0)
+    with store.open_run("r1", make_config()) as writer:
+        writer.append(first)
+        writer.append(make_record(0))  # same index again, same session
+        writer.append(make_record(1))
+    with store.open_run("r1", make_config()) as writer:
+        writer.append(make_record(0))  # and after a reopen
+    lines = [json.loads(line) for line in (tmp_path / "r1" / "episodes.jsonl").read_text().splitlines()]
+    assert [line["episode_index"] for line in lines] == [0, 1]
+    assert lines[0] == json.loads(first.to_json())
+    with sqlite3.connect(tmp_path / "envrl.sqlite") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM episodes WHERE run_id = 'r1'").fetchone() == (2,)
