@@ -511,6 +511,62 @@ def test_same_task_and_actions_give_the_same_observations_in_any_process():
     assert max(step[3] for step in outputs[0]["trace"][1:]) == 100  # the gold path completed the task
 
 
+_EVERY_TASK = textwrap.dedent("""
+    import json, sys
+    from envrl.envs.scienceworld.env import ScienceWorldEnv
+    from envrl.envs.scienceworld.tasks import all_tasks, split_variations
+    order = [t for t in all_tasks()]
+    if sys.argv[1] == "reversed":  # another history before each task: it must not matter
+        order.reverse()
+    env = ScienceWorldEnv(task=None, split="dev", simplifications=None, expert_plan=True, java_heap="512m")
+    traces = {}
+    for task in order:
+        task_id = f"{task.id}:{split_variations(task.name, 'dev')[0]}"
+        observation, info = env.reset(options={"task_id": task_id})
+        trace = [observation, info["raw_score"], sorted(info["admissible_actions"])]
+        for action in ["look around", *info["expert_plan"][:12], "inventory"]:
+            observation, reward, terminated, truncated, info = env.step(action)
+            trace.append([observation, reward, terminated, info["raw_score"]])
+        traces[task_id] = trace
+    env.close()
+    print(json.dumps(traces))
+""")
+
+
+@pytest.mark.slow
+def test_every_task_is_deterministic_across_processes_and_histories():
+    """All 30 tasks, in two processes that play them in opposite orders: the same traces."""
+    runs = [subprocess.Popen([sys.executable, "-c", _EVERY_TASK, order], stdout=subprocess.PIPE, text=True)
+            for order in ("forward", "reversed")]
+    forward, backward = [json.loads(p.communicate(timeout=900)[0]) for p in runs]
+    assert len(forward) == 30 and forward.keys() == backward.keys()
+    assert [t for t in forward if forward[t] != backward[t]] == []
+
+
+def test_deterministic_false_runs_the_jvm_as_stock_does():
+    """``deterministic=False``: no fixed identity hash codes (stock's behaviour), and it still plays."""
+    from envrl.envs.scienceworld.engine import DETERMINISTIC_JAVA_OPTIONS
+
+    agent = make_agent("expert")
+    env = gym.make(ENV_ID, task="4-2", split="dev", deterministic=False, **agent.env_kwargs)
+    try:
+        info = _play(env, agent, "4-2:150")
+        with open(f"/proc/{env.unwrapped.engine.pid}/cmdline", "rb") as handle:
+            arguments = handle.read().decode().split("\0")
+        _STARTED_JVMS.append(env.unwrapped.engine.pid)
+    finally:
+        env.close()
+    assert info["success"] and not set(DETERMINISTIC_JAVA_OPTIONS) & set(arguments)
+    deterministic = gym.make(ENV_ID, task="4-2", split="dev")
+    try:
+        deterministic.reset(seed=0)
+        with open(f"/proc/{deterministic.unwrapped.engine.pid}/cmdline", "rb") as handle:
+            assert set(DETERMINISTIC_JAVA_OPTIONS) <= set(handle.read().decode().split("\0"))
+        _STARTED_JVMS.append(deterministic.unwrapped.engine.pid)
+    finally:
+        deterministic.close()
+
+
 def test_observations_equal_the_stock_engines_on_a_gold_path(monkeypatch):
     from scienceworld import ScienceWorldEnv as StockEnv
 
