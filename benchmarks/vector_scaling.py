@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     pools = {"textworld": args.textworld_pool}
     owns_ray = False
     if "ray" in backends:
-        from envrl.envs.vector_ray import connect_ray
+        from envrl.ray_cluster import connect_ray
 
         here = os.pathsep.join([str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])])
         owns_ray = connect_ray(args.ray_address, {"num_cpus": cpus, "log_to_driver": False,
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
     finally:
         if owns_ray:
-            from envrl.envs.vector_ray import release_ray
+            from envrl.ray_cluster import release_ray
 
             release_ray(owns_ray)
     print()

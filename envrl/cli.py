@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from envrl.ports import check_port
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -47,22 +49,9 @@ def _fail(prog: str, message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
-#: the ports a server can listen on (0: any free port, printed when listening)
-PORT_RANGE = range(0, 65536)
-
-
-def check_port(port: int) -> int:
-    """``port`` if a server can listen on it, else ValueError. Out of range, a port is not
-    refused by the socket layer: ``-5`` raises OverflowError and ``99999`` is silently served
-    on another port, so every server checks with this first."""
-    if isinstance(port, bool) or not isinstance(port, int) or port not in PORT_RANGE:
-        raise ValueError(f"must be in {PORT_RANGE.start}..{PORT_RANGE.stop - 1}, got {port}")
-    return port
-
-
 def port_number(text: str) -> int:
     """The argparse type of every server command's ``--port``: one line and exit 2 for a
-    port out of range (see :func:`check_port`)."""
+    port out of range (see :func:`envrl.ports.check_port`)."""
     try:
         port = int(text, 10)
     except ValueError:

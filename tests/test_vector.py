@@ -1,12 +1,15 @@
-"""Vector envs, subprocess back end: per-env seeds, batched text, same-step autoreset, lost
-workers replaced without touching the other envs, clean shutdown.
+"""Vector envs, the contract: per-env seeds, batched text, same-step autoreset, lost workers
+replaced without touching the other envs, clean shutdown.
 
-The ``check_*`` functions take a vector env factory and hold for every back end;
-tests/test_vector_ray.py runs them on Ray actors.
+Each contract test runs once per back end (the ``backend`` fixture: worker processes, and Ray
+actors on a local Ray instance of this module's own; the Ray ones skip where Ray is not
+installed). Back-end-specific tests are marked as such below (subprocess) or live in
+tests/test_vector_ray.py (Ray), which shares :func:`ray_instance` and the helpers here.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -21,15 +24,48 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-TESTS_DIR = Path(__file__).resolve().parent
-REPO = TESTS_DIR.parent
-sys.path.insert(0, str(TESTS_DIR))  # workers import test_eval_fakes by name
+import envrl.testing as fakes
+from envrl.envs.vector import BACKENDS, TextVectorEnv, WorkerLost, make_vec
 
-import test_eval_fakes as fakes  # noqa: E402
-
-from envrl.envs.vector import TextVectorEnv, WorkerLost, make_vec  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 Factory = Callable[..., TextVectorEnv]
+
+
+# ---- fixtures and helpers (tests/test_vector_ray.py imports them) --------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_instance(ray_temp_dir):
+    """One new local Ray instance for the module (reused, and left alone, if this process has one).
+
+    ``address="local"`` and a temporary directory of its own: a cluster or a stale session
+    that another Ray left in Ray's default directory (/tmp/ray) must not be joined. Skips the
+    test where Ray is not installed.
+    """
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'envrl[ray]')")
+    started = not ray.is_initialized()
+    if started:
+        pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, _temp_dir=ray_temp_dir)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request) -> str:
+    """Each back end in turn (module scope: all subprocess tests run before Ray starts)."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_instance")
+    return request.param
+
+
+@pytest.fixture()
+def make(backend) -> Factory:
+    """``make_vec`` on the back end under test."""
+    return functools.partial(make_vec, backend=backend)
 
 
 def process_alive(pid: int) -> bool:
@@ -63,10 +99,36 @@ def goal(infos, i: int) -> str:
     return f"open box {infos['task_id'][i]}"
 
 
-# ---- checks for every back end (fake env) -------------------------------------------------
+def check_lost_worker_is_replaced(make: Factory, lose: Callable[[TextVectorEnv, int], None],
+                                  expect_in_error: str, **kwargs) -> None:
+    """``lose(vec, 0)`` takes env 0's worker away mid-episode; env 1's episode must go on."""
+    vec = make(fakes.ENV_ID, 2, split="train", **kwargs)
+    try:
+        vec.reset(seed=0, options=[{"task_id": "t1"}, {"task_id": "t3"}])
+        vec.step(["look", "look"])
+        old_pid = vec.pids[0]
+        lose(vec, 0)
+        observations, rewards, terminated, truncated, infos = vec.step(["look", "look"])
+        assert truncated.tolist() == [True, False] and terminated.tolist() == [False, False]
+        assert infos["worker_restarted"].tolist() == [True, False]
+        assert infos["_worker_restarted"].tolist() == [True, False]
+        assert expect_in_error in infos["error"][0]
+        assert infos["final_obs"][0] == "You see box t1."
+        assert infos["final_info"]["worker_restarted"][0] and infos["final_info"]["task_id"][0] == "t1"
+        assert infos["step"][0] == 0 and observations[0].startswith("You see box t")  # a new episode
+        # env 1 did not notice
+        assert infos["step"][1] == 2 and infos["task_id"][1] == "t3" and observations[1] == "You see box t3."
+        assert vec.restarts == [1, 0] and vec.pids[0] != old_pid
+        _, _, _, _, infos = vec.step([goal(infos, 0), "look"])
+        assert infos["final_info"]["success"][0] and infos["step"][1] == 3
+    finally:
+        vec.close()
 
 
-def check_seeds_match_single_envs(make: Factory) -> None:
+# ---- the contract, on every back end (fake env) --------------------------------------------
+
+
+def test_seeds_match_single_envs(make):
     vec = make(fakes.ENV_ID, 3, split="train")
     try:
         assert vec.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
@@ -97,7 +159,7 @@ def check_seeds_match_single_envs(make: Factory) -> None:
         vec.close()
 
 
-def check_autoreset_and_options(make: Factory) -> None:
+def test_autoreset_and_options(make):
     vec = make(fakes.ENV_ID, 2, split="train")
     try:
         observations, infos = vec.reset(seed=0, options=[{"task_id": "t2"}, {"task_id": "t3"}])
@@ -134,33 +196,40 @@ def check_autoreset_and_options(make: Factory) -> None:
         vec.close()
 
 
-def check_lost_worker_is_replaced(make: Factory, lose: Callable[[TextVectorEnv, int], None],
-                                  expect_in_error: str, **kwargs) -> None:
-    """``lose(vec, 0)`` takes env 0's worker away mid-episode; env 1's episode must go on."""
-    vec = make(fakes.ENV_ID, 2, split="train", **kwargs)
-    try:
-        vec.reset(seed=0, options=[{"task_id": "t1"}, {"task_id": "t3"}])
-        vec.step(["look", "look"])
-        old_pid = vec.pids[0]
-        lose(vec, 0)
-        observations, rewards, terminated, truncated, infos = vec.step(["look", "look"])
-        assert truncated.tolist() == [True, False] and terminated.tolist() == [False, False]
-        assert infos["worker_restarted"].tolist() == [True, False]
-        assert infos["_worker_restarted"].tolist() == [True, False]
-        assert expect_in_error in infos["error"][0]
-        assert infos["final_obs"][0] == "You see box t1."
-        assert infos["final_info"]["worker_restarted"][0] and infos["final_info"]["task_id"][0] == "t1"
-        assert infos["step"][0] == 0 and observations[0].startswith("You see box t")  # a new episode
-        # env 1 did not notice
-        assert infos["step"][1] == 2 and infos["task_id"][1] == "t3" and observations[1] == "You see box t3."
-        assert vec.restarts == [1, 0] and vec.pids[0] != old_pid
-        _, _, _, _, infos = vec.step([goal(infos, 0), "look"])
-        assert infos["final_info"]["success"][0] and infos["step"][1] == 3
-    finally:
-        vec.close()
+#: what ``info["error"]`` says when a worker's process was SIGKILLed, by back end
+KILLED_ERROR = {"subprocess": "SIGKILL", "ray": "Ray actor lost"}
 
 
-def check_exception_in_step_restarts_that_env(make: Factory) -> None:
+def test_killed_worker_is_replaced_and_the_other_episode_goes_on(make, backend):
+    killed = []
+
+    def sigkill(vec, i):
+        killed.append(vec.pids[i])
+        os.kill(vec.pids[i], signal.SIGKILL)
+
+    check_lost_worker_is_replaced(make, sigkill, KILLED_ERROR[backend])
+    assert not wait_gone(killed)
+
+
+#: seconds the hung-worker test may take, by back end (Ray takes ~4 s to kill a stopped process)
+HUNG_LIMIT = {"subprocess": 20, "ray": 60}
+
+
+@pytest.mark.parametrize("backend", ["subprocess", pytest.param("ray", marks=pytest.mark.slow)], indirect=True)
+def test_hung_worker_is_killed_after_the_timeout(make, backend):
+    stopped = []
+
+    def sigstop(vec, i):
+        stopped.append(vec.pids[i])
+        os.kill(vec.pids[i], signal.SIGSTOP)
+
+    start = time.monotonic()
+    check_lost_worker_is_replaced(make, sigstop, "no answer within 1s", timeout=1.0)
+    assert time.monotonic() - start < HUNG_LIMIT[backend]
+    assert not wait_gone(stopped)
+
+
+def test_exception_in_step_restarts_that_env(make):
     vec = make(fakes.ENV_ID, 2, split="train", raise_on="t1")
     try:
         vec.reset(options=[{"task_id": "t1"}, {"task_id": "t0"}])
@@ -172,56 +241,27 @@ def check_exception_in_step_restarts_that_env(make: Factory) -> None:
         vec.close()
 
 
-def check_bad_kwargs_raise_the_env_error(make: Factory) -> None:
+def test_bad_kwargs_raise_the_env_error(make):
     with pytest.raises(ValueError, match="unknown split"):
         make(fakes.ENV_ID, 2, split="no-such-split")
 
 
-# ---- subprocess back end ---------------------------------------------------------------
+def test_replacements_that_keep_failing_give_up(make):
+    """When new workers cannot even build the env, the vector env stops with WorkerLost."""
+    vec = make(fakes.ENV_ID, 2, split="train")
+    try:
+        vec.reset(seed=0)
+        vec.env_kwargs["split"] = "no-such-split"  # from now on every new worker fails while building its env
+        os.kill(vec.pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerLost, match="3 new workers in a row failed to start.*unknown split"):
+            vec.step(["look", "look"])
+        assert vec.restarts == [3, 0]
+    finally:
+        vec.close()
 
 
-def test_seeds_match_single_envs():
-    check_seeds_match_single_envs(make_vec)
-
-
-def test_autoreset_and_options():
-    check_autoreset_and_options(make_vec)
-
-
-def test_killed_worker_is_replaced_and_the_other_episode_goes_on():
-    killed = []
-
-    def sigkill(vec, i):
-        killed.append(vec.pids[i])
-        os.kill(vec.pids[i], signal.SIGKILL)
-
-    check_lost_worker_is_replaced(make_vec, sigkill, "SIGKILL")
-    assert not wait_gone(killed)
-
-
-def test_hung_worker_is_killed_after_the_timeout():
-    stopped = []
-
-    def sigstop(vec, i):
-        stopped.append(vec.pids[i])
-        os.kill(vec.pids[i], signal.SIGSTOP)
-
-    start = time.monotonic()
-    check_lost_worker_is_replaced(make_vec, sigstop, "no answer within 1s", timeout=1.0)
-    assert time.monotonic() - start < 20
-    assert not wait_gone(stopped)
-
-
-def test_exception_in_step_restarts_that_env():
-    check_exception_in_step_restarts_that_env(make_vec)
-
-
-def test_bad_kwargs_raise_the_env_error():
-    check_bad_kwargs_raise_the_env_error(make_vec)
-
-
-def test_close_stops_every_worker():
-    vec = make_vec(fakes.ENV_ID, 3, split="train")
+def test_close_stops_every_worker(make):
+    vec = make(fakes.ENV_ID, 3, split="train")
     pids = vec.pids
     vec.reset(seed=0)
     assert all(process_alive(p) for p in pids)
@@ -232,106 +272,51 @@ def test_close_stops_every_worker():
         vec.step(["look"] * 3)
 
 
-def test_bad_arguments():
-    with pytest.raises(ValueError, match="backend"):
-        make_vec(fakes.ENV_ID, 2, backend="threads", split="train")
-    with pytest.raises(ValueError, match="num_envs"):
-        make_vec(fakes.ENV_ID, 0, split="train")
-    with pytest.raises(ValueError, match="unknown environment"):
-        make_vec("no-such-env", 1)
-    with pytest.raises(ValueError, match="only apply to backend='ray'"):
-        make_vec(fakes.ENV_ID, 1, ray_address="auto", split="train")
+# ---- the contract on real envs ---------------------------------------------------------------
 
 
-def test_replacements_that_keep_failing_give_up():
-    """When new workers cannot even build the env, the vector env stops with WorkerLost."""
-    vec = make_vec(fakes.ENV_ID, 2, split="train")
-    try:
-        vec.reset(seed=0)
-        # from now on every new worker fails while building its env
-        environ, sys_path, gym_id, _ = vec._worker_args
-        vec._worker_args = (environ, sys_path, gym_id, {"split": "no-such-split"})
-        os.kill(vec.pids[0], signal.SIGKILL)
-        with pytest.raises(WorkerLost, match="3 new workers in a row failed to start.*unknown split"):
-            vec.step(["look", "look"])
-        assert vec.restarts == [3, 0]
-    finally:
-        vec.close()
-
-
-def test_ray_back_end_without_ray_says_how_to_install_it(monkeypatch, tmp_path):
-    from envrl.evaluation import run_evaluation
-    from envrl.evaluation.runner import EvaluationError
-
-    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(ImportError, match=r"pip install 'envrl\[ray\]'"):
-        make_vec(fakes.ENV_ID, 1, backend="ray", split="train")
-    with pytest.raises(EvaluationError, match="needs Ray"):
-        run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=1, runs_dir=tmp_path, progress=False,
-                       ray_address="auto")
-
-
-ORPHAN_SCRIPT = textwrap.dedent("""
-    import sys, time
-    import test_eval_fakes as fakes
-    from envrl.envs.vector import make_vec
-
-    if __name__ == "__main__":
-        vec = make_vec(fakes.ENV_ID, 2, split="train")
-        vec.reset(seed=0)
-        print(" ".join(map(str, vec.pids)), flush=True)
-        if sys.argv[1] == "sleep":
-            time.sleep(60)
-        # "exit": leave without close()
-""")
-
-
-@pytest.mark.parametrize("how", ["exit", "sigkill"])
-def test_no_orphans_when_the_caller_exits_or_dies(tmp_path, how):
-    script = tmp_path / "vec.py"
-    script.write_text(ORPHAN_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS_DIR)]))
-    proc = subprocess.Popen([sys.executable, str(script), "exit" if how == "exit" else "sleep"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2, proc.stderr.read()
-        if how == "sigkill":
-            proc.kill()
-        proc.wait(timeout=30)
-        assert not wait_gone(pids), "workers outlived their caller"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-# ---- real envs -------------------------------------------------------------------------
-
-
-def test_webshop_two_envs_match_single_envs():
-    vec = make_vec("webshop", 2, split="test")
-    single = gym.make("envrl/WebShop-v0", split="test")
+def test_webshop_matches_single_envs(make):
+    vec = make("webshop", 2, split="test")
+    singles = [gym.make("envrl/WebShop-v0", split="test") for _ in range(2)]
     try:
         observations, infos = vec.reset(seed=[3, 4])
-        assert observations[1] == single.reset(seed=4)[0]
+        assert list(observations) == [env.reset(seed=seed)[0] for env, seed in zip(singles, [3, 4])]
         for _ in range(4):
             actions = [infos["admissible_actions"][i][-1] for i in range(2)]
             observations, _, terminated, truncated, infos = vec.step(actions)
-            obs, _, single_terminated, _, _ = single.step(actions[1])
-            assert observations[1] == obs or single_terminated
+            for i, env in enumerate(singles):
+                obs, _, single_terminated, _, _ = env.step(actions[i])
+                assert observations[i] == obs or single_terminated
+    finally:
+        vec.close()
+        for env in singles:
+            env.close()
+
+
+def test_alfworld_matches_single_envs(make, monkeypatch):
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)  # built-in games, whatever the workers start with
+    vec = make("alfworld", 2, split="valid_seen")
+    single = gym.make("envrl/ALFWorld-v0", split="valid_seen")
+    try:
+        observations, infos = vec.reset(seed=[0, 1])
+        first, first_info = single.reset(seed=1)
+        assert observations[1] == first and infos["task_id"][1] == first_info["task_id"]
+        actions = [infos["admissible_actions"][i][0] for i in range(2)]
+        observations, _, _, _, _ = vec.step(actions)
+        assert observations[1] == single.step(actions[1])[0]
     finally:
         vec.close()
         single.close()
 
 
-def test_alfworld_expert_plans_and_autoreset(with_official_data):
-    vec = make_vec("alfworld", 2, split="valid_seen", expert_plan=True)
+def test_alfworld_expert_plans_and_autoreset(make, with_official_data):
+    vec = make("alfworld", 2, split="valid_seen", expert_plan=True)
     try:
         observations, infos = vec.reset(seed=[5, 6])
         assert isinstance(observations, tuple) and len(observations) == 2
         assert all(o.startswith("-= Welcome to TextWorld, ALFRED! =-") for o in observations)
         first_tasks = list(infos["task_id"])
+        assert all(task.startswith("official:") for task in first_tasks)  # the workers got ALFWORLD_DATA
         again, again_infos = vec.reset(seed=[5, 6])
         assert again == observations and list(again_infos["task_id"]) == first_tasks
 
@@ -351,11 +336,11 @@ def test_alfworld_expert_plans_and_autoreset(with_official_data):
         vec.close()
 
 
-def test_lazy_info_values_are_read_before_the_autoreset():
+def test_lazy_info_values_are_read_before_the_autoreset(make):
     """ScienceWorld's admissible actions are computed on first read, for the current step only:
     a final_info must carry them as a plain list, read before the worker resets the env."""
     pytest.importorskip("scienceworld")
-    vec = make_vec("scienceworld", 1, split="dev", max_episode_steps=2)
+    vec = make("scienceworld", 1, split="dev", max_episode_steps=2)
     try:
         vec.reset(seed=0)
         vec.step(["look around"])
@@ -365,3 +350,67 @@ def test_lazy_info_values_are_read_before_the_autoreset():
         assert type(final_actions) is list and "look around" in final_actions
     finally:
         vec.close()
+
+
+# ---- make_vec's arguments ----------------------------------------------------------------------
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="backend"):
+        make_vec(fakes.ENV_ID, 2, backend="threads", split="train")
+    with pytest.raises(ValueError, match="num_envs"):
+        make_vec(fakes.ENV_ID, 0, split="train")
+    with pytest.raises(ValueError, match="unknown environment"):
+        make_vec("no-such-env", 1)
+    with pytest.raises(ValueError, match="only apply to backend='ray'"):
+        make_vec(fakes.ENV_ID, 1, ray_address="auto", split="train")
+
+
+def test_ray_back_end_without_ray_says_how_to_install_it(monkeypatch, tmp_path):
+    from envrl.evaluation import run_evaluation
+    from envrl.evaluation.runner import EvaluationError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ImportError, match=r"pip install 'envrl\[ray\]'"):
+        make_vec(fakes.ENV_ID, 1, backend="ray", split="train")
+    with pytest.raises(EvaluationError, match="needs Ray"):
+        run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=1, runs_dir=tmp_path, progress=False,
+                       ray_address="auto")
+
+
+# ---- subprocess back end only: no process outlives its caller ------------------------------------
+
+
+ORPHAN_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import envrl.testing as fakes
+    from envrl.envs.vector import make_vec
+
+    if __name__ == "__main__":
+        vec = make_vec(fakes.ENV_ID, 2, split="train")
+        vec.reset(seed=0)
+        print(" ".join(map(str, vec.pids)), flush=True)
+        if sys.argv[1] == "sleep":
+            time.sleep(60)
+        # "exit": leave without close()
+""")
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_no_orphans_when_the_caller_exits_or_dies(tmp_path, how):
+    script = tmp_path / "vec.py"
+    script.write_text(ORPHAN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(script), "exit" if how == "exit" else "sleep"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        if how == "sigkill":
+            proc.kill()
+        proc.wait(timeout=30)
+        assert not wait_gone(pids), "workers outlived their caller"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

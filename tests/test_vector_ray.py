@@ -1,14 +1,16 @@
-"""Vector envs and evaluation runs on Ray actors, on one local Ray instance for this module.
+"""What only the Ray back end does: actors killed through Ray, the caller's environment
+variables forwarded to actors, which Ray instance is used and when it is shut down, and
+evaluation runs on Ray actors.
 
-Skipped when Ray is not installed (``pip install 'envrl[ray]'``). The instance is started
-once (2 CPUs, no dashboard) with this directory on the actors' PYTHONPATH, so that they can
-import test_eval_fakes, and shut down at the end.
+The vector env contract itself runs on Ray in tests/test_vector.py (the ``backend`` fixture).
+Skipped when Ray is not installed (``pip install 'envrl[ray]'``). The module runs on one local
+Ray instance of its own (:func:`test_vector.ray_instance`: 2 CPUs, no dashboard, shut down at
+the end).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -16,56 +18,27 @@ import textwrap
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'envrl[ray]')")
 
-TESTS_DIR = Path(__file__).resolve().parent
-REPO = TESTS_DIR.parent
-sys.path.insert(0, str(TESTS_DIR))
+from test_vector import check_lost_worker_is_replaced, ray_instance, wait_gone  # noqa: E402,F401
 
-import test_eval_fakes as fakes  # noqa: E402
-from test_vector import (  # noqa: E402
-    check_autoreset_and_options,
-    check_bad_kwargs_raise_the_env_error,
-    check_exception_in_step_restarts_that_env,
-    check_lost_worker_is_replaced,
-    check_seeds_match_single_envs,
-    wait_gone,
-)
-
+import envrl.testing as fakes  # noqa: E402
 from envrl.envs.vector import make_vec  # noqa: E402
 from envrl.evaluation import run_evaluation  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_instance(ray_temp_dir):
-    """One new local Ray instance for the module (reused, and left alone, if this process has one).
-
-    ``address="local"`` and a temporary directory of its own: a cluster or a stale session
-    that another Ray left in Ray's default directory (/tmp/ray) must not be joined.
-    """
-    started = not ray.is_initialized()
-    if started:
-        pythonpath = os.pathsep.join([str(REPO), str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, _temp_dir=ray_temp_dir)
+def _on_ray(ray_instance):  # noqa: F811  (the fixture imported above)
+    """Every test here runs with the module's Ray instance up."""
     yield
-    if started:
-        ray.shutdown()
 
 
 def make_ray(name, num_envs, **kwargs):
     return make_vec(name, num_envs, backend="ray", **kwargs)
-
-
-def test_ray_seeds_match_single_envs():
-    check_seeds_match_single_envs(make_ray)
-
-
-def test_ray_autoreset_and_options():
-    check_autoreset_and_options(make_ray)
 
 
 def _wait_until_dead(actor, limit: float = 30.0) -> None:
@@ -95,37 +68,6 @@ def test_ray_killed_actor_is_replaced_and_the_other_episode_goes_on():
     assert ray.is_initialized()  # the instance this module started is still up
 
 
-def test_ray_actor_process_sigkilled_is_replaced():
-    pids = []
-
-    def sigkill(vec, i):
-        pids.append(vec.pids[i])
-        os.kill(vec.pids[i], signal.SIGKILL)
-
-    check_lost_worker_is_replaced(make_ray, sigkill, "Ray actor lost")
-    assert not wait_gone(pids)
-
-
-@pytest.mark.slow  # ~7 s: Ray takes ~4 s to kill a stopped process (the subprocess twin is fast)
-def test_ray_hung_actor_is_killed_after_the_timeout():
-    stopped = []
-
-    def sigstop(vec, i):
-        stopped.append(vec.pids[i])
-        os.kill(vec.pids[i], signal.SIGSTOP)
-
-    check_lost_worker_is_replaced(make_ray, sigstop, "no answer within 1s", timeout=1.0)
-    assert not wait_gone(stopped)
-
-
-def test_ray_exception_in_step_restarts_that_env():
-    check_exception_in_step_restarts_that_env(make_ray)
-
-
-def test_ray_bad_kwargs_raise_the_env_error():
-    check_bad_kwargs_raise_the_env_error(make_ray)
-
-
 def test_ray_close_kills_the_actors_and_keeps_ray():
     vec = make_ray(fakes.ENV_ID, 2, split="train")
     pids = vec.pids
@@ -143,36 +85,6 @@ def test_ray_forwards_envrl_variables(monkeypatch):
         assert vec.get_attr("raise_on") == ("t1",)
     finally:
         vec.close()
-
-
-def test_ray_webshop():
-    vec = make_ray("webshop", 2, split="test")
-    single = gym.make("envrl/WebShop-v0", split="test")
-    try:
-        observations, infos = vec.reset(seed=[3, 4])
-        assert observations[0] == single.reset(seed=3)[0]
-        action = infos["admissible_actions"][0][-1]
-        observations, _, _, _, infos = vec.step([action, infos["admissible_actions"][1][-1]])
-        assert observations[0] == single.step(action)[0]
-    finally:
-        vec.close()
-        single.close()
-
-
-def test_ray_alfworld(monkeypatch):
-    monkeypatch.delenv("ALFWORLD_DATA", raising=False)  # built-in games, whatever Ray started with
-    vec = make_ray("alfworld", 2, split="valid_seen")
-    single = gym.make("envrl/ALFWorld-v0", split="valid_seen")
-    try:
-        observations, infos = vec.reset(seed=[0, 1])
-        first, first_info = single.reset(seed=1)
-        assert observations[1] == first and infos["task_id"][1] == first_info["task_id"]
-        actions = [infos["admissible_actions"][i][0] for i in range(2)]
-        observations, _, _, _, _ = vec.step(actions)
-        assert observations[1] == single.step(actions[1])[0]
-    finally:
-        vec.close()
-        single.close()
 
 
 # ---- evaluation runs on Ray ----------------------------------------------------------------
@@ -229,9 +141,12 @@ def test_cli_eval_ray(tmp_path, capsys):
     assert "episodes: 3/3 recorded" in capsys.readouterr().out
 
 
+# ---- which Ray instance ----------------------------------------------------------------------
+
+
 def test_an_unreachable_address_fails_fast(tmp_path, capsys):
     from envrl.cli import main
-    from envrl.envs.vector_ray import _check_reachable
+    from envrl.ray_cluster import _check_reachable
 
     start = time.monotonic()
     with pytest.raises(ConnectionError, match="nothing answers"):
@@ -244,7 +159,7 @@ def test_an_unreachable_address_fails_fast(tmp_path, capsys):
 
 OWN_INSTANCE = textwrap.dedent("""
     import ray
-    import test_eval_fakes as fakes
+    import envrl.testing as fakes
     from envrl.envs.vector import make_vec
 
     if __name__ == "__main__":
@@ -262,8 +177,8 @@ OWN_INSTANCE = textwrap.dedent("""
 def test_an_instance_envrl_started_is_shut_down_with_its_last_user(tmp_path):
     script = tmp_path / "own.py"
     ray_dir = tempfile.mkdtemp(prefix="envrl-ray-")  # short: Ray's socket paths live under it
-    script.write_text(OWN_INSTANCE % (ray_dir, str(TESTS_DIR)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS_DIR)]))
+    script.write_text(OWN_INSTANCE % (ray_dir, str(REPO)))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     start = time.monotonic()
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert "shut down: True" in out.stdout, out.stderr[-2000:]

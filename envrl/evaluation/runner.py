@@ -745,7 +745,7 @@ class _EpisodeActor:
     it builds its agents and envs once and returns the records of each batch it is given."""
 
     def __init__(self, environ: dict[str, str], setup: _Setup) -> None:
-        from envrl.envs.vector_ray import apply_forwarded_environment
+        from envrl.ray_cluster import apply_forwarded_environment
 
         apply_forwarded_environment(environ)
         self.records: list[dict[str, Any]] = []
@@ -803,7 +803,7 @@ class _RayPool(_Pool):
     def run(self, jobs: Iterable[_Job] | _JobQueue) -> None:
         import ray
 
-        from envrl.envs.vector_ray import DEFAULT_NUM_CPUS, connect_ray, kill_actor, release_ray, remote_class
+        from envrl.ray_cluster import DEFAULT_NUM_CPUS, connect_ray, kill_actor, release_ray, remote_class
 
         try:
             owned = connect_ray(self.ray_address)
@@ -1111,7 +1111,7 @@ def run_evaluation(
                 pool = _Pool(size, (environment_snapshot(), setup), on_record,
                              start_method=start_method or default_start_method(), **common)
             else:
-                from envrl.envs.vector_ray import forwarded_environment
+                from envrl.ray_cluster import forwarded_environment
 
                 pool = _RayPool(size, (forwarded_environment(), setup), on_record, ray_address=ray_address,
                                 **common)

@@ -501,7 +501,7 @@ def serve(runs_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1
     """
     from werkzeug.serving import make_server
 
-    from envrl.cli import check_port
+    from envrl.ports import check_port
 
     try:
         check_port(port)
