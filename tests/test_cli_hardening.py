@@ -2,7 +2,7 @@
 
 Seeds outside numpy's range, ports outside 0..65535, agents that share a label, the
 hand-coded ALFWorld expert on games without ``traj_data.json``, and a billion episodes.
-The runner tests use the fake env of ``test_eval_fakes``; the ALFWorld checks read the
+The runner tests use the fake env of ``envrl.testing``; the ALFWorld checks read the
 official samples in ``../shared/data/alfworld`` (skipped where they are missing).
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # worker processes import test_eval_fakes by name
 
-import test_eval_fakes as fakes  # noqa: E402
+from envrl import testing as fakes  # noqa: E402
+from envrl.evaluation.process_pool import ProcessPool  # noqa: E402
 
 from envrl import cli  # noqa: E402
 from envrl.evaluation import runner as runner_module  # noqa: E402
@@ -47,7 +47,7 @@ def assert_one_line_error(err: str, *needles: str) -> None:
 @pytest.fixture
 def fake_agents(monkeypatch):
     """Agent specs ``fake`` and ``fake:<anything>`` for the CLI: all build
-    test_eval_fakes.FakeAgent, whose label is ``fake`` whatever the spec (as the two ALFWorld
+    envrl.testing.FakeAgent, whose label is ``fake`` whatever the spec (as the two ALFWorld
     experts' once was). Worker processes cannot see this patch, so a run of ``fake`` hands
     them the class; ``fake:<anything>`` runs are for tests that play no episode."""
 
@@ -63,7 +63,7 @@ def fake_agents(monkeypatch):
     def run(env_name, split, agent_spec, *args, **kwargs):
         return real_run(env_name, split, fakes.FakeAgent if agent_spec == "fake" else agent_spec, *args, **kwargs)
 
-    monkeypatch.setattr(runner_module, "_build_agent", build)
+    monkeypatch.setattr(runner_module, "build_agent", build)
     monkeypatch.setattr(runner_module, "run_evaluation", run)
 
 
@@ -114,7 +114,7 @@ def test_a_billion_episodes_are_streamed_not_listed(tmp_path, monkeypatch):
                                          agent=self.agent_label, success=True, score=1.0, turns=1,
                                          valid_action_ratio=1.0, wall_time=0.0))
 
-    monkeypatch.setattr(runner_module._Pool, "run", run)
+    monkeypatch.setattr(ProcessPool, "run", run)
     tracemalloc.start()
     try:
         summary = run_evaluation(fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=10**9, seed=7, runs_dir=tmp_path,
@@ -191,7 +191,7 @@ def test_default_run_ids_name_the_whole_agent_spec():
 
 
 def test_agents_with_one_label_get_their_own_runs(capsys, tmp_path, fake_agents, monkeypatch):
-    monkeypatch.setattr(runner_module._Pool, "run", lambda self, jobs: None)  # register, play nothing
+    monkeypatch.setattr(ProcessPool, "run", lambda self, jobs: None)  # register, play nothing
     for agent in ("fake:v1", "fake:v2"):
         code, out, err = cli_run(capsys, *eval_args(tmp_path, agent=agent))
         assert code == 0, err  # once: "run ... already exists with a different setup" (or a silent resume)

@@ -22,9 +22,8 @@ import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
-sys.path.insert(0, str(TESTS_DIR))  # worker processes import test_eval_fakes by name
 
-import test_eval_fakes as fakes  # noqa: E402
+from envrl import testing as fakes  # noqa: E402
 
 from envrl.evaluation import default_run_id, run_evaluation  # noqa: E402
 
@@ -33,7 +32,7 @@ STEP_DELAY = 0.04  # seconds per step: an episode takes 0.12 to 0.24 s
 
 SCRIPT = textwrap.dedent("""
     import sys
-    import test_eval_fakes as fakes
+    from envrl import testing as fakes
     from envrl.evaluation import run_evaluation
 
     if __name__ == "__main__":
@@ -50,7 +49,7 @@ SCRIPT = textwrap.dedent("""
 def _start(tmp_path: Path, runs_dir: Path) -> subprocess.Popen:
     script = tmp_path / "run_eval.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS_DIR)]))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, str(script), str(runs_dir), str(EPISODES), str(STEP_DELAY)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)

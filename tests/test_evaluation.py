@@ -1,6 +1,6 @@
 """Evaluation: metrics, records and store, runner, leaderboard, CLI.
 
-The runner tests use the fake env and agents of ``test_eval_fakes`` (no ALFWorld needed);
+The runner tests use the fake env and agents of ``envrl.testing`` (no ALFWorld needed);
 the crash/kill/resume tests are in ``test_eval_recovery.py``. One ``slow`` test runs the
 real ALFWorld env with the expert.
 """
@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # worker processes import test_eval_fakes by name
 
-import test_eval_fakes as fakes  # noqa: E402
+from envrl import testing as fakes  # noqa: E402
 
 from envrl import cli  # noqa: E402
 from envrl.evaluation import (  # noqa: E402
@@ -476,7 +475,7 @@ def fake_agents(monkeypatch):
     def run(env_name, split, agent_spec, *args, **kwargs):  # workers get the class, not the name
         return real_run(env_name, split, fakes.FakeAgent if agent_spec == "fake" else agent_spec, *args, **kwargs)
 
-    monkeypatch.setattr(runner_module, "_build_agent", build)
+    monkeypatch.setattr(runner_module, "build_agent", build)
     monkeypatch.setattr(runner_module, "run_evaluation", run)
 
 

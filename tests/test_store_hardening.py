@@ -30,9 +30,8 @@ import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
-sys.path.insert(0, str(TESTS_DIR))  # worker processes import test_eval_fakes by name
 
-import test_eval_fakes as fakes  # noqa: E402
+from envrl import testing as fakes  # noqa: E402
 
 from envrl import cli  # noqa: E402
 from envrl.evaluation.store import (  # noqa: E402
@@ -104,7 +103,7 @@ def _drop_dac_override() -> None:
 
 def run_unprivileged(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     """``python args...`` as a process that file modes apply to (see the module docstring)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS_DIR)]))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     preexec = _drop_dac_override if os.geteuid() == 0 else None
     try:
         return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout,
@@ -226,10 +225,10 @@ EVAL = ("eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "fake", "-
 
 @pytest.fixture
 def fake_agent_cli(monkeypatch):
-    """``--agent fake`` without envrl.agents (the runner builds test_eval_fakes.FakeAgent)."""
+    """``--agent fake`` without envrl.agents (the runner builds envrl.testing.FakeAgent)."""
     from envrl.evaluation import runner
 
-    real_run, real_build = runner.run_evaluation, runner._build_agent
+    real_run, real_build = runner.run_evaluation, runner.build_agent
 
     def build(spec, env_name, agent_options=None):
         return fakes.FakeAgent() if spec == "fake" else real_build(spec, env_name, agent_options)
@@ -237,7 +236,7 @@ def fake_agent_cli(monkeypatch):
     def run(env_name, split, agent_spec, *args, **kwargs):
         return real_run(env_name, split, fakes.FakeAgent if agent_spec == "fake" else agent_spec, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "_build_agent", build)
+    monkeypatch.setattr(runner, "build_agent", build)
     monkeypatch.setattr(runner, "run_evaluation", run)
 
 

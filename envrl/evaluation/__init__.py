@@ -1,6 +1,10 @@
 """Evaluation: run agents on env splits, store every episode, compute metrics, rank runs.
 
-* :func:`run_evaluation` plays a run in worker processes and returns a :class:`RunSummary`;
+* :func:`run_evaluation` plays a run in worker processes (or on Ray actors) and returns a
+  :class:`RunSummary`; :mod:`~envrl.evaluation.config`: what a run is (:class:`RunConfig`);
+  :mod:`~envrl.evaluation.episodes`: the episode engine (episodes side by side, one batched
+  agent call per turn) that the workers, and training rollouts, play with;
+  :mod:`~envrl.evaluation.process_pool` and :mod:`~envrl.evaluation.ray_pool`: the workers;
 * :mod:`~envrl.evaluation.store`: episode records, the run directory (JSONL journal) and the
   SQLite database every run shares;
 * :mod:`~envrl.evaluation.metrics`: success rate with a 95% Wilson interval, mean score,
@@ -10,6 +14,7 @@
   in a browser, with a page per run and a trajectory viewer.
 """
 
+from envrl.evaluation.config import EvaluationError, RunConfig, RunFailed, default_run_id, resolve_env
 from envrl.evaluation.leaderboard import (
     leaderboard,
     leaderboard_data,
@@ -19,14 +24,7 @@ from envrl.evaluation.leaderboard import (
     split_kind,
 )
 from envrl.evaluation.metrics import Metrics, MetricsReport, compute_metrics, group_by, summarize, wilson_interval
-from envrl.evaluation.runner import (
-    EvaluationError,
-    RunFailed,
-    RunSummary,
-    default_run_id,
-    resolve_env,
-    run_evaluation,
-)
+from envrl.evaluation.runner import RunSummary, run_evaluation
 from envrl.evaluation.store import (
     EpisodeRecord,
     ResultStore,
@@ -44,6 +42,7 @@ __all__ = [
     "Metrics",
     "MetricsReport",
     "ResultStore",
+    "RunConfig",
     "RunConfigMismatch",
     "RunFailed",
     "RunLocked",

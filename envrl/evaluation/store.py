@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from envrl.evaluation.config import RunConfig
+
 logger = logging.getLogger("envrl.evaluation")
 
 DB_NAME = "envrl.sqlite"
@@ -49,8 +51,9 @@ JSONL_NAME = "episodes.jsonl"
 CONFIG_NAME = "config.json"
 LOCK_NAME = ".lock"
 
-#: config keys that identify a run: reopening a run with other values is an error
-IDENTITY_KEYS = ("env_id", "split", "agent", "seed", "env_kwargs", "task_ids_sha256", "agent_protocol")
+#: config keys that identify a run (the fields of RunConfig marked "identity"): reopening a
+#: run with other values is an error
+IDENTITY_KEYS = RunConfig.identity_keys()
 #: what an identity key means when a config (written by an older envrl) lacks it
 IDENTITY_DEFAULTS: dict[str, Any] = {"agent_protocol": {}}
 
