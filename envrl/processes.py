@@ -21,6 +21,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 #: longest one-line error message put in an info or a record: a message can be a whole page
@@ -88,7 +89,10 @@ class WorkerProcess:
     def __init__(self, ctx: BaseContext, target: Callable[..., Any], args: Sequence[Any] = (), *,
                  name: str = "envrl-worker") -> None:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=target, args=(child_conn, *args), name=name)
+        # typeshed declares Process only on the concrete contexts, and get_context(str) gives
+        # BaseContext; every context multiprocessing returns has it
+        self.process: BaseProcess = ctx.Process(  # type: ignore[attr-defined]
+            target=target, args=(child_conn, *args), name=name)
         self.process.start()
         child_conn.close()  # only the worker holds its end now: reads here see EOF when it dies
         self.conn = parent_conn

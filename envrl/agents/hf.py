@@ -22,9 +22,10 @@ import hashlib
 import logging
 import re
 import time
-from contextlib import nullcontext
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from envrl.agents.generation import Generation, Message, SamplingConfig
 
@@ -59,7 +60,6 @@ class HFBackend:
         trust_remote_code: bool = False,
         revision: str | None = None,
     ) -> None:
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         if max_batch_size < 1:
@@ -78,7 +78,8 @@ class HFBackend:
         self._model = AutoModelForCausalLM.from_pretrained(
             self.model, revision=revision, trust_remote_code=trust_remote_code, dtype=torch_dtype
         )
-        self._model.to(self.device)
+        # transformers wraps ``to`` with functools.wraps, whose stub drops the method binding
+        self._model.to(self.device)  # type: ignore[arg-type]
         self._model.eval()
         self.dtype = str(self._model.dtype).removeprefix("torch.")
 
@@ -109,9 +110,10 @@ class HFBackend:
         readable transcript.
         """
         if self.has_chat_template:
-            return self.tokenizer.apply_chat_template(
+            rendered = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
             )
+            return _as_text(rendered, "apply_chat_template(tokenize=False)")
         return "\n\n".join(m["content"] for m in messages) + "\n"
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
@@ -151,7 +153,7 @@ class HFBackend:
             encoded.append((i, self._truncate(ids, max_new)))
 
         encoded.sort(key=lambda item: len(item[1]), reverse=True)
-        rng = nullcontext()
+        rng: AbstractContextManager[object] = nullcontext()
         if sampling.seed is not None:
             devices = [self.device] if self.device.startswith("cuda") else []
             rng = torch.random.fork_rng(devices=devices)
@@ -242,7 +244,7 @@ class HFBackend:
                 count, reason = len(tokens), "length"
             else:  # the stop token is counted but is not part of the text
                 count, reason = end + 1, "stop"
-            text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+            text = _as_text(self.tokenizer.decode(tokens[:end], skip_special_tokens=True), "decode")
             results.append(Generation(
                 text=text, finish_reason=reason, prompt_tokens=len(ids), completion_tokens=count, latency=latency,
                 prompt_token_ids=list(ids), token_ids=tokens[:count], token_logprobs=token_logprobs[:count],
@@ -393,6 +395,17 @@ def _file_sha256(file: Path) -> str:
         while chunk := fh.read(16 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _as_text(value: object, call: str) -> str:
+    """``value`` from a tokenizer call that returns text for one unbatched sequence.
+
+    The stubs type these calls for batches too (``str | list[str] | ...``); a tokenizer from
+    remote code could still break the contract, and that is better named here than later.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"tokenizer.{call} returned {type(value).__name__}, expected str")
+    return value
 
 
 def _failed(exc: BaseException, prompt_tokens: int, latency: float) -> Generation:

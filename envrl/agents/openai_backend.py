@@ -31,10 +31,11 @@ import random
 import re
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from envrl.agents.generation import Generation, Message, SamplingConfig
@@ -348,7 +349,9 @@ def _parse_completion(raw: bytes) -> Generation | _Failure:
     finish_reason = "length" if choice.get("finish_reason") == "length" else "stop"
     if len(content) > MAX_TEXT_CHARS:
         content, finish_reason = content[:MAX_TEXT_CHARS], "length"
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
     token_ids, token_logprobs = _token_logprobs(choice.get("logprobs"))
     return Generation(
         text=content,
@@ -370,13 +373,14 @@ def _token_logprobs(logprobs: object) -> tuple[list[int] | None, list[float] | N
     if not isinstance(content, list):
         return None, None
     values = [item.get("logprob") if isinstance(item, dict) else None for item in content]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    floats = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(floats) != len(values):
         return None, None
     tokens = [item.get("token") for item in content]
     ids = None
     if all(isinstance(t, str) and t.startswith("token_id:") and t[9:].isdigit() for t in tokens):
-        ids = [int(t[9:]) for t in tokens]  # type: ignore[index]
-    return ids, [float(v) for v in values]  # type: ignore[arg-type]
+        ids = [int(t[9:]) for t in tokens]
+    return ids, floats
 
 
 def _count(value: object) -> int:

@@ -27,10 +27,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from envrl.agents.generation import Message
 
@@ -92,7 +93,7 @@ class PromptTemplate:
     source: str = field(default="", compare=False)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> "PromptTemplate":
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> PromptTemplate:
         missing = [key for key in _REQUIRED_KEYS if key not in data]
         if missing:
             raise TemplateError(f"template {source or data.get('name')!r} lacks {', '.join(missing)}")
@@ -108,17 +109,20 @@ class PromptTemplate:
         """Format every string once with dummy values: a misspelt field fails now, not mid-run."""
         dummy_user = dict(intro="", instruction="", history="", turn=1, observation="", admissible="",
                           example_action="")
-        checks = [("user", self.user, dummy_user),
-                  ("history_header", self.history_header, {"count": 1}),
-                  ("history_turn", self.history_turn, dict(turn=1, observation="", think="", action="")),
-                  ("admissible_header", self.admissible_header, {"count": 1}),
-                  ("admissible_item", self.admissible_item, {"action": ""}),
-                  ("admissible_more", self.admissible_more, {"count": 1})]
+        checks: list[tuple[str, str, Mapping[str, object]]] = [
+            ("user", self.user, dummy_user),
+            ("history_header", self.history_header, {"count": 1}),
+            ("history_turn", self.history_turn, dict(turn=1, observation="", think="", action="")),
+            ("admissible_header", self.admissible_header, {"count": 1}),
+            ("admissible_item", self.admissible_item, {"action": ""}),
+            ("admissible_more", self.admissible_more, {"count": 1}),
+        ]
         for key, text, values in checks:
             try:
                 text.format(**values)
             except (KeyError, IndexError, ValueError) as exc:
-                raise TemplateError(f"template {self.name!r}: {key} uses an unknown or malformed field ({exc})")
+                raise TemplateError(
+                    f"template {self.name!r}: {key} uses an unknown or malformed field ({exc})") from exc
         if not isinstance(self.max_admissible, int) or self.max_admissible < 0:
             raise TemplateError(f"template {self.name!r}: max_admissible must be an integer >= 0")
 
@@ -180,8 +184,9 @@ def load_template(name_or_path: str | Path = DEFAULT_TEMPLATE) -> PromptTemplate
     """A built-in template by name (``think-action``, ``react``) or a template JSON file by path."""
     name = str(name_or_path)
     if name in BUILTIN_TEMPLATES:
-        text = resources.files("envrl.agents").joinpath("templates", name.replace("-", "_") + ".json").read_text(
-            encoding="utf-8")
+        # one name per joinpath: Python 3.10's Traversable.joinpath takes a single child
+        builtin = resources.files("envrl.agents").joinpath("templates").joinpath(name.replace("-", "_") + ".json")
+        text = builtin.read_text(encoding="utf-8")
         source = f"builtin:{name}"
     else:
         path = Path(name)

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import string
 from abc import abstractmethod
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import gymnasium as gym
 
@@ -255,8 +256,9 @@ class TextEnv(gym.Env[str, str]):
         index = int(self.np_random.integers(len(task_ids)))
         return task_ids[index]
 
-    def _task_index(self) -> set[str] | dict[str, Any]:
-        """Set of task ids for membership tests; subclasses may cache a faster one."""
+    def _task_index(self) -> Container[str]:
+        """The task ids, for membership tests only; subclasses may return a cached set or their
+        own index keyed by id."""
         return set(self._split_task_ids())
 
     def _screen(self, action: Any) -> str | None:
@@ -312,4 +314,5 @@ class TruncationSignal(gym.Wrapper[str, str, str, str], gym.utils.RecordConstruc
             terminated, truncated = ended
         elif truncated:
             text_env.mark_truncated()
-        return observation, reward, terminated, truncated, info
+        # float(): Gymnasium types rewards as SupportsFloat; a TextEnv's are floats already
+        return observation, float(reward), terminated, truncated, info

@@ -265,7 +265,8 @@ def _env_tables(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[st
         headers = ["agent"]
         for c in columns:
             headers += [f"{c['split']} ({c['kind']}) success %", "turns", "turns (succ.)"]
-        body, footnotes = [], []
+        body: list[list[str]] = []
+        footnotes: list[str] = []
         for row in data["rows"]:
             if not any(c["key"] in row["cells"] for c in columns):
                 continue

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:  # matplotlib.typing is newer than the oldest matplotlib supported
+    from matplotlib.typing import LegendLocType
 
 #: colours of the figures (colour-blind safe pairs from the Okabe-Ito palette)
 COLOR_ID = "#0072B2"
@@ -33,8 +37,18 @@ DPI = 100
 #: longest axis label drawn in full; longer ones are cut with an ellipsis
 MAX_LABEL = 24
 
+
+class _LegendStyle(TypedDict):
+    """Keyword arguments for ``Axes.legend``, typed so that each one meets its parameter."""
+
+    loc: LegendLocType
+    bbox_to_anchor: tuple[float, float]
+    fontsize: int
+    frameon: bool
+
+
 #: legends sit right of the axes, where no bar can hide them
-LEGEND: dict[str, object] = {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0), "fontsize": 8, "frameon": False}
+LEGEND = _LegendStyle(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
 @dataclass(frozen=True)

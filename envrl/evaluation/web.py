@@ -36,13 +36,15 @@ import signal
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, render_template, request
-from jinja2 import ChoiceLoader, DictLoader
+from jinja2 import BaseLoader, ChoiceLoader, DictLoader
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 from envrl.evaluation import plots
 from envrl.evaluation.leaderboard import leaderboard_data, split_kind
@@ -342,7 +344,8 @@ def _leaderboard_view(data: Mapping[str, Any]) -> dict[str, Any]:
             groups[-1][1] += 1
         else:
             groups.append([column.get("env"), 1])
-    measured, reported = [], []
+    measured: list[dict[str, Any]] = []
+    reported: list[dict[str, Any]] = []
     for row in data.get("rows") or []:
         cells = row.get("cells") or {}
         reference = row.get("reference")
@@ -393,7 +396,11 @@ def create_app(runs_dir: str | os.PathLike[str] | None = None) -> Flask:
     app.jinja_env.globals.update(ci=format_ci, runs_dir=str(reader.store.runs_dir))
     app.jinja_env.trim_blocks = True
     app.jinja_env.lstrip_blocks = True
-    app.jinja_env.loader = ChoiceLoader([app.jinja_env.loader, DictLoader(_TEMPLATES)])
+    # Flask's own loader (templates/ folders) first, then the pages defined in this module
+    loaders: list[BaseLoader] = [DictLoader(_TEMPLATES)]
+    if app.jinja_env.loader is not None:
+        loaders.insert(0, app.jinja_env.loader)
+    app.jinja_env.loader = ChoiceLoader(loaders)
 
     @app.get("/")
     def leaderboard_page() -> str:
@@ -420,7 +427,7 @@ def create_app(runs_dir: str | os.PathLike[str] | None = None) -> Flask:
         )
 
     @app.get("/runs/<run_id>/plots/<name>.png")
-    def plot_png(run_id: str, name: str) -> Response:
+    def plot_png(run_id: str, name: str) -> WerkzeugResponse:  # make_conditional's declared type; it returns self
         if name not in PLOTS:
             abort(404, description=f"There is no plot named {name!r}; plots: {', '.join(PLOTS)}.")
         runs = reader.runs()

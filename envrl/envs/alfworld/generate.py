@@ -58,18 +58,19 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from copy import deepcopy
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from copy import deepcopy
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from envrl.envs.alfworld import scenes
 from envrl.cache import engine_cache
+from envrl.envs.alfworld import scenes
 from envrl.envs.alfworld.scenes import FloorPlan, Goal
-from envrl.envs.alfworld.tasks import TASK_TYPES
+from envrl.envs.alfworld.tasks import TASK_TYPES  # noqa: F401  (re-exported for callers of this module)
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ def allows_object(split: str, object_type: str) -> bool:
     return (object_type in OOD_OBJECT_TYPES) == (split == "ood_objects")
 
 
-@lru_cache(maxsize=None)
+@cache
 def possible_goals(floor_plan: int, task_type: str) -> tuple[Goal, ...]:
     """Every goal of ``task_type`` that the room supports, in a fixed order.
 
@@ -310,7 +311,7 @@ def _generate_split(split: str, version_dir: Path, workers: int) -> None:
 
 def _verified_candidates(
     pool: ProcessPoolExecutor, split: str, directory: Path, in_flight: int
-) -> Iterator[tuple[Candidate, list[str] | None]]:
+) -> Generator[tuple[Candidate, list[str] | None], None, None]:
     """The split's candidates in index order, each with its walkthrough (None: rejected).
 
     Up to ``in_flight`` candidates are written and verified ahead of the consumer, so that

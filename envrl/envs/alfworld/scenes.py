@@ -37,9 +37,11 @@ import functools
 import importlib.util
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -194,7 +196,7 @@ def thor_id(type_name: str, position: tuple[float, float, float], suffix: str = 
 
 def location_name(x: float, z: float, rotation: float, horizon: float) -> str:
     """A pose as an ALFWorld location: ``loc|<x/0.25>|<z/0.25>|<rotation/90>|<horizon>``."""
-    return "loc|%d|%d|%d|%d" % (round(x / STEP), round(z / STEP), round(rotation / 90) % 4, round(horizon))
+    return f"loc|{round(x / STEP)}|{round(z / STEP)}|{round(rotation / 90) % 4}|{round(horizon)}"
 
 
 # --------------------------------------------------------------------------- floor plans
@@ -214,7 +216,7 @@ class FloorPlan:
         return room_type(self.number)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_floor_plan(number: int) -> FloorPlan:
     layouts = alfworld_root() / "gen" / "layouts"
     objects = json.loads((layouts / f"FloorPlan{number}-objects.json").read_text())
@@ -223,9 +225,17 @@ def load_floor_plan(number: int) -> FloorPlan:
     return FloorPlan(
         number=number,
         object_types=tuple(sorted(set(objects))),
-        receptacle_poses=tuple(sorted((rid, tuple(float(v) for v in pose)) for rid, pose in poses.items())),
+        receptacle_poses=tuple(sorted((rid, _pose(rid, pose)) for rid, pose in poses.items())),
         points=tuple(sorted((round(float(x), 2), round(float(z), 2)) for x, z in points)),
     )
+
+
+def _pose(receptacle_id: str, values: Sequence[Any]) -> tuple[float, float, float, float]:
+    """A receptacle's pose from ``openable.json``: four numbers (x, z, rotation, horizon)."""
+    if len(values) != 4:
+        raise ValueError(f"openable.json: pose of {receptacle_id} has {len(values)} values, expected 4")
+    x, z, rotation, horizon = (float(v) for v in values)
+    return x, z, rotation, horizon
 
 
 def receptacle_type_of(receptacle_id: str) -> str:

@@ -35,7 +35,8 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import IO, Any, TypedDict
 
 #: JVM options besides the heap size (``java_heap``). ExitOnOutOfMemoryError turns a heap
 #: that is too small into a clear EngineDiedError instead of a JVM stuck collecting garbage.
@@ -164,7 +165,7 @@ class _QuietConnectionErrors(logging.Filter):
 
 logging.getLogger("py4j.java_gateway").addFilter(_QuietConnectionErrors())
 
-_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def _close_all_engines() -> None:
@@ -196,6 +197,16 @@ def _describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
+class EngineOptions(TypedDict):
+    """The :class:`Engine` arguments an env keeps, to check them once and to start a fresh
+    JVM with the same settings whenever the old one died."""
+
+    java_heap: str | int | None
+    java_options: list[str]
+    deterministic: bool
+    call_timeout: float
+
+
 class Engine:
     """One ScienceWorld simulator in one JVM. Not thread-safe; one caller at a time.
 
@@ -223,12 +234,13 @@ class Engine:
         self.call_timeout = float(call_timeout)
         self.pid: int | None = None
         self.start_seconds = 0.0
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._command: list[str] = []  # the JVM's command line, for error messages
         self._gateway: Any = None
         self._server: Any = None
         self._string_class: Any = None
         self._rng_seed: Any = None
-        self._stderr = None
+        self._stderr: IO[bytes] | None = None
         self._port: int | None = None
         self._owner = os.getpid()
         self._dead_reason: str | None = None
@@ -262,14 +274,15 @@ class Engine:
         py4j_jar, jar, folder = _package_files()
         command = [self.java, *self.java_options, "-cp", os.pathsep.join([py4j_jar, jar]),
                    "py4j.GatewayServer", "--die-on-broken-pipe", "0"]
+        self._command = command
         started = time.perf_counter()
-        self._stderr = tempfile.TemporaryFile(prefix="envrl-scienceworld-", suffix=".err")
+        stderr = self._stderr = tempfile.TemporaryFile(prefix="envrl-scienceworld-", suffix=".err")
         try:
             # cwd: the simulator reads its data files relative to the package folder, as stock.
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=self._stderr, cwd=folder)
+                                          stderr=stderr, cwd=folder)
         except OSError as error:
-            self._stderr.close()
+            stderr.close()
             raise EngineStartError(f"could not run {self.java!r}: {error}") from error
         self.pid = self._proc.pid
         try:
@@ -291,18 +304,18 @@ class Engine:
             self._rng_seed = self._random_seed_cell()
         except EngineStartError:
             self._kill()
-            self._stderr.close()
+            stderr.close()
             raise
         except Exception as error:
             tail = self.stderr_tail()
             self._gateway_close_quietly()
             self._kill()
-            self._stderr.close()
+            stderr.close()
             raise EngineStartError(f"the ScienceWorld JVM (pid {self.pid}) did not come up: {error}"
                                    + (f". JVM stderr: {tail}" if tail else "")) from None
         except BaseException:
             self._kill()
-            self._stderr.close()
+            stderr.close()
             raise
         self.start_seconds = time.perf_counter() - started
 
@@ -322,7 +335,7 @@ class Engine:
                 self._proc.wait(timeout=5)
                 raise EngineStartError(
                     f"the ScienceWorld JVM {_describe_exit(self._proc.returncode)} at start "
-                    f"(command: {' '.join(self._proc.args)}): {self.stderr_tail() or 'no message'}"
+                    f"(command: {' '.join(self._command)}): {self.stderr_tail() or 'no message'}"
                 )
             line += chunk
         if not line.strip().isdigit():  # the JVM printed a complaint instead of its port
@@ -339,7 +352,7 @@ class Engine:
             rest = b""
         said = " ".join((first_line + rest).decode("utf-8", "replace").split())
         tail = self.stderr_tail()
-        return (f"the ScienceWorld JVM did not start (command: {' '.join(self._proc.args)}): {said}"
+        return (f"the ScienceWorld JVM did not start (command: {' '.join(self._command)}): {said}"
                 + (f"; stderr: {tail}" if tail else ""))
 
     @staticmethod
@@ -445,6 +458,8 @@ class Engine:
         client = getattr(gateway, "_gateway_client", None)
         for connection in list(getattr(client, "deque", None) or ()):
             sock = getattr(connection, "socket", None)
+            if sock is None:
+                continue
             try:
                 os.close(sock.detach())
             except Exception:  # noqa: BLE001 - already closed or not a socket
@@ -454,6 +469,8 @@ class Engine:
             # Point the pipe descriptors at /dev/null instead of closing the file objects: the
             # parent's stdout reader thread held that file's lock when the process forked.
             for stream in (proc.stdin, proc.stdout):
+                if stream is None:
+                    continue
                 try:
                     null = os.open(os.devnull, os.O_RDWR)
                     try:

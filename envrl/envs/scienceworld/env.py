@@ -48,13 +48,12 @@ first action, any other step leaves it as it is (ScienceWorld has no planner to 
 
 from __future__ import annotations
 
-import itertools
-
 import hashlib
+import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial, wraps
-from typing import Any, Callable, SupportsIndex
+from typing import Any, SupportsIndex
 
 from envrl.envs.base import StepResult, TaskStart, TextEnv
 from envrl.envs.scienceworld.engine import (
@@ -64,6 +63,7 @@ from envrl.envs.scienceworld.engine import (
     Engine,
     EngineDiedError,
     EngineJavaError,
+    EngineOptions,
     ScienceWorldError,
     check_java_heap,
 )
@@ -97,7 +97,7 @@ def _fill_first(method: Callable[..., Any]) -> Callable[..., Any]:
     reading method must fill it first.
     """
     @wraps(method)
-    def read(self: "LazyAdmissibleActions", *args: Any, **kwargs: Any) -> Any:
+    def read(self: LazyAdmissibleActions, *args: Any, **kwargs: Any) -> Any:
         self._materialise()
         return method(self, *args, **kwargs)
     return read
@@ -110,7 +110,7 @@ def _fill_then_change(method: Callable[..., Any]) -> Callable[..., Any]:
     not compare equal to an unread list of that state without looking at the contents.
     """
     @wraps(method)
-    def change(self: "LazyAdmissibleActions", *args: Any, **kwargs: Any) -> Any:
+    def change(self: LazyAdmissibleActions, *args: Any, **kwargs: Any) -> Any:
         self._materialise()
         self.state = None
         return method(self, *args, **kwargs)
@@ -120,7 +120,7 @@ def _fill_then_change(method: Callable[..., Any]) -> Callable[..., Any]:
 def _fill_both(method: Callable[..., Any]) -> Callable[..., Any]:
     """A comparison or concatenation of two lists: list's C code reads both storages."""
     @wraps(method)
-    def combine(self: "LazyAdmissibleActions", other: Any) -> Any:
+    def combine(self: LazyAdmissibleActions, other: Any) -> Any:
         self._materialise_with(other)
         return method(self, other)
     return combine
@@ -219,7 +219,7 @@ class LazyAdmissibleActions(list):
         self._materialise_with(other)
         return list.__ne__(self, other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def _same_state(self, other: object) -> bool:
         """Two unchanged lists of one deterministic engine state hold the same actions."""
@@ -289,8 +289,8 @@ class ScienceWorldEnv(TextEnv):
         self.expert_plan = bool(expert_plan)
         self.admissible = admissible
         self.deterministic = bool(deterministic)
-        self._engine_options = dict(java_heap=java_heap, java_options=list(java_options or ()),
-                                    deterministic=self.deterministic, call_timeout=call_timeout)
+        self._engine_options = EngineOptions(java_heap=java_heap, java_options=list(java_options or ()),
+                                             deterministic=self.deterministic, call_timeout=call_timeout)
         Engine.check_options(**self._engine_options)
         if self.expert_plan:
             check_java_heap(java_heap, MIN_JAVA_HEAP_FOR_GOLD_PATHS,

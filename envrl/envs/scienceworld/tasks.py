@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -160,7 +161,7 @@ def format_task_id(task: Task, variation: int) -> str:
     return f"{task.id}:{variation}"
 
 
-def normalize_simplifications(simplifications: str | list[str] | tuple[str, ...] | None) -> str:
+def normalize_simplifications(simplifications: str | Sequence[str] | None) -> str:
     """The engine's simplification string: ``""``, ``"easy"`` or a comma list of names."""
     if simplifications is None:
         return ""

@@ -198,8 +198,10 @@ class TextVectorEnv(gym.vector.VectorEnv):
         seeds = self._seeds(seed)
         if isinstance(seed, (int, np.integer)):
             super().reset(seed=int(seed))
-        elif seed is not None and all(s is not None for s in seeds):
-            self.np_random = np.random.default_rng([int(s) for s in seeds])
+        elif seed is not None:
+            given = [s for s in seeds if s is not None]
+            if len(given) == len(seeds):  # a seed for every env: the generator follows from them
+                self.np_random = np.random.default_rng(given)
         per_env, mask = self._options(options)
         indices = [i for i in range(self.num_envs) if mask[i]]
         requests = {i: ("reset", seeds[i], per_env[i]) for i in indices}
@@ -342,7 +344,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
     def _replace(self, lost: Mapping[int, str]) -> None:
         """Start new workers for the envs in ``lost`` (index -> why the old one was lost)."""
         todo = dict(lost)
-        for attempt in range(1, MAX_START_ATTEMPTS + 1):
+        for _ in range(MAX_START_ATTEMPTS):
             for i, why in todo.items():
                 self.restarts[i] += 1
                 logger.warning("env %d: worker %s lost (%s); starting a new one", i, self._pids[i], why)

@@ -55,11 +55,14 @@ class EnvActor(EnvHost):
     def __init__(self, environ: Mapping[str, str], gym_id: str, env_kwargs: Mapping[str, Any]) -> None:
         apply_forwarded_environment(environ)
         self.init_error: Exception | None = None
+        #: True while there is an env to close (not after an init error, nor after close)
+        self._env_open = False
         try:
             super().__init__(gym_id, env_kwargs)
         except Exception as exc:
             self.init_error = exc
-            self.env = None
+        else:
+            self._env_open = True
 
     def describe(self) -> dict[str, Any]:
         if self.init_error is not None:
@@ -67,9 +70,9 @@ class EnvActor(EnvHost):
         return super().describe()
 
     def close(self) -> None:
-        if self.env is not None:
+        if self._env_open:
             super().close()
-            self.env = None
+            self._env_open = False
 
 
 def error_reply(exc: BaseException) -> Reply:

@@ -116,8 +116,16 @@ class SubprocessVectorEnv(TextVectorEnv):
         self._workers[index] = WorkerProcess(self._ctx, _subprocess_worker, self._worker_args,
                                              name="envrl-vector-worker")
 
+    def _worker(self, index: int) -> WorkerProcess:
+        """Env ``index``'s worker; every env has one from the start on (killed ones are kept
+        until replaced, so that their last message and exit status can still be read)."""
+        worker = self._workers[index]
+        if worker is None:
+            raise RuntimeError(f"env {index} has no worker process (it was never started)")
+        return worker
+
     def _send(self, index: int, command: str, *args: Any) -> None:
-        if self._workers[index].send((command, *args)):
+        if self._worker(index).send((command, *args)):
             self._send_failed.discard(index)
         else:  # it is gone; _gather reads a last message, if any, then reaps it
             self._send_failed.add(index)
@@ -128,29 +136,30 @@ class SubprocessVectorEnv(TextVectorEnv):
         deadline = None if timeout is None else time.monotonic() + timeout
         while waiting:
             for i in [i for i in waiting if i in self._send_failed]:
-                replies[i] = self._reply(i, self._workers[i].receive())
+                replies[i] = self._reply(i, self._worker(i).receive())
                 waiting.discard(i)
             if not waiting:
                 break
             owners: dict[Any, int] = {}
             for i in waiting:
-                owners[self._workers[i].conn] = i
-                owners[self._workers[i].sentinel] = i
+                worker = self._worker(i)
+                owners[worker.conn] = i
+                owners[worker.sentinel] = i
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready = mp.connection.wait(list(owners), timeout=remaining)
             if not ready:  # timed out: the silent workers are killed
                 for i in waiting:
                     reason = f"no answer within {timeout:g}s, killed"
-                    replies[i] = Reply("dead", message=self._workers[i].kill(reason))
+                    replies[i] = Reply("dead", message=self._worker(i).kill(reason))
                 break
             for i in {owners[handle] for handle in ready}:
-                replies[i] = self._reply(i, self._workers[i].receive())
+                replies[i] = self._reply(i, self._worker(i).receive())
                 waiting.discard(i)
         return replies
 
     def _reply(self, index: int, message: tuple | None) -> Reply:
         if message is None:  # the pipe closed or the process ended without an answer
-            worker = self._workers[index]
+            worker = self._worker(index)
             return Reply("dead", message=f"worker pid {worker.pid} {worker.kill()}")
         kind, payload = message
         if kind == "ok":

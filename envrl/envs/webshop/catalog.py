@@ -32,9 +32,10 @@ import json
 import os
 import random
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, TypedDict
 
 from envrl.envs.webshop import builtin
 from envrl.envs.webshop.builtin import no_gc
@@ -204,7 +205,17 @@ def _read_json(path: Path, role: str) -> Any:
             "WEBSHOP_DATA to use the built-in catalog.") from exc
 
 
-def official_files(data_dir: str | os.PathLike, *, full: bool = False) -> dict[str, Path | None]:
+class OfficialFiles(TypedDict):
+    """The official data files :func:`load_official` reads; the products and attributes must
+    be there, the human instructions and reviews are used when present."""
+
+    products: Path
+    attributes: Path
+    human: Path | None
+    reviews: Path | None
+
+
+def official_files(data_dir: str | os.PathLike, *, full: bool = False) -> OfficialFiles:
     """The official files to load from ``data_dir`` (``_1000`` pair unless ``full``).
 
     Raises :class:`WebShopDataError` when the products or attribute file is missing.
@@ -216,26 +227,29 @@ def official_files(data_dir: str | os.PathLike, *, full: bool = False) -> dict[s
             "folder holding items_shuffle_1000.json and items_ins_v2_1000.json (or the full "
             "items_shuffle.json and items_ins_v2.json), or unset it to use the built-in catalog.")
     order = (1, 0) if full else (0, 1)
-    chosen: dict[str, Path | None] = {}
-    for role, names in (("products", PRODUCT_FILES), ("attributes", ATTRIBUTE_FILES)):
-        candidates = [folder / names[i] for i in order]
-        found = next((c for c in candidates if c.is_file()), None)
-        if found is None:
-            raise WebShopDataError(
-                f"WebShop {role} file missing in {folder}: expected {candidates[0].name}"
-                f" or {candidates[1].name}. Download the official data (WebShop's setup.sh) into "
-                "that folder, or unset WEBSHOP_DATA to use the built-in catalog.")
-        chosen[role] = found
+    products = _required_file(folder, "products", [folder / PRODUCT_FILES[i] for i in order])
+    attributes = _required_file(folder, "attributes", [folder / ATTRIBUTE_FILES[i] for i in order])
     # The product and attribute files must belong to the same setting.
-    if chosen["products"].name.endswith("_1000.json") != chosen["attributes"].name.endswith("_1000.json"):
+    if products.name.endswith("_1000.json") != attributes.name.endswith("_1000.json"):
         raise WebShopDataError(
-            f"WebShop files of different settings in {folder}: {chosen['products'].name} with "
-            f"{chosen['attributes'].name}; provide both _1000 files or both full files.")
+            f"WebShop files of different settings in {folder}: {products.name} with "
+            f"{attributes.name}; provide both _1000 files or both full files.")
     human = folder / HUMAN_FILE
     reviews = folder / REVIEW_FILE
-    chosen["human"] = human if human.is_file() else None
-    chosen["reviews"] = reviews if reviews.is_file() else None
-    return chosen
+    return OfficialFiles(products=products, attributes=attributes,
+                         human=human if human.is_file() else None,
+                         reviews=reviews if reviews.is_file() else None)
+
+
+def _required_file(folder: Path, role: str, candidates: list[Path]) -> Path:
+    """The first of ``candidates`` that exists (the preferred setting's file comes first)."""
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        raise WebShopDataError(
+            f"WebShop {role} file missing in {folder}: expected {candidates[0].name}"
+            f" or {candidates[1].name}. Download the official data (WebShop's setup.sh) into "
+            "that folder, or unset WEBSHOP_DATA to use the built-in catalog.")
+    return found
 
 
 def load_official(data_dir: str | os.PathLike, num_products: int | None = None, *,

@@ -31,9 +31,10 @@ searching is ``search[...]`` (the original listed it, then refused ``click[searc
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
-from typing import Any, Collection, Mapping
+from typing import Any
 
 OBSERVATION_MODES = ("text", "text_rich", "html")
 PAGE_KINDS = ("search", "results", "item", "item_sub", "done")
@@ -219,13 +220,19 @@ def parse_page(html: str, url: str) -> Page:
         if isinstance(value, dict):
             options = {str(k): str(v) for k, v in value.items()}
 
-    texts = tuple((text, owner.kind if owner is not None else "text",
-                   owner is not None and owner.kind == "option" and owner.attrs.get("data-selected") == "true")
-                  for text, owner in reader.texts)
+    texts = tuple(_text_node(text, owner) for text, owner in reader.texts)
     return Page(url=url, html=html, kind=kind, has_search_bar=reader.has_search_bar,
                 search_action=reader.search_action, clickables=clickables, instruction=instruction,
                 reward=reward, reward_info=reward_info, asin=body.get("data-asin") or None, options=options,
                 texts=texts)
+
+
+def _text_node(text: str, owner: _Element | None) -> tuple[str, str, bool]:
+    """A visible text as ``Page.texts`` holds it: (text, role, chosen). The role is the kind of
+    the clickable element it belongs to, or ``"text"``; only a selected option is chosen."""
+    if owner is None or owner.kind is None:  # _Reader gives only owners with a kind
+        return text, "text", False
+    return text, owner.kind, owner.kind == "option" and owner.attrs.get("data-selected") == "true"
 
 
 def render_observation(page: Page, mode: str, visited_asins: Collection[str] = ()) -> str:

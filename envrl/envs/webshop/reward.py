@@ -48,8 +48,9 @@ import importlib.util
 import os
 import re
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from rapidfuzz.fuzz import token_set_ratio
 from rapidfuzz.utils import default_process
@@ -221,6 +222,8 @@ def _title_nouns_cached(title: str, backend: str) -> tuple[str, ...]:
     if backend == "approx":
         return tuple(approx_nouns(title))
     nlp = _spacy_pipeline()
+    if nlp is None:  # ENVRL_WEBSHOP_NOUNS changed to "approx" since the backend was chosen
+        raise RuntimeError("spaCy tagging was chosen for this title, but no spaCy pipeline is available now")
     return tuple(t.text.lower() for t in nlp(title) if t.pos_ in ("NOUN", "PROPN"))
 
 

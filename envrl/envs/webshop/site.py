@@ -41,6 +41,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 from flask import Flask, Response, jsonify, redirect, render_template, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 if TYPE_CHECKING:  # the store module is imported lazily: the site is importable on its own
     from envrl.envs.webshop.store import WebShopStore
@@ -321,7 +322,7 @@ def create_app(store: WebShopStore | None = None) -> Flask:
         return jsonify(status="ok", products=len(shop.products), goals=len(shop.goals))
 
     @app.get("/")
-    def home() -> Response:
+    def home() -> WerkzeugResponse:  # redirect() builds werkzeug's Response, not Flask's subclass
         return redirect(search_url(HOME_SESSION), code=302)
 
     @app.route("/<session_id>", methods=["GET", "POST"])
