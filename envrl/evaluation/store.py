@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any, Iterable, Iterator, Mapping, Sequence
 
 from envrl.evaluation.config import RunConfig
 
@@ -585,7 +585,7 @@ class _FileLock:
 
     def __init__(self, path: Path):
         self.path = path
-        self._fh = None
+        self._fh: IO[str] | None = None
 
     def acquire(self) -> None:
         try:
