@@ -8,7 +8,7 @@
     envrl serve [--runs-dir DIR] [--port 8050]          # the leaderboard, run pages and trajectories
     envrl serve-model CHECKPOINT [--port 8000]          # an OpenAI-compatible server for a checkpoint
     envrl data alfworld --download [--dest DIR]
-    envrl webshop serve [--host H] [--port P] [--workers N] [--threads T] [--products N] [--data-dir D]
+    envrl webshop serve [--host H] [--port P] [--workers N] [--products N] [--data-dir D]
 
 Exit codes: 0 success, 1 the run could not go on (e.g. locked by another process, a runs
 directory that cannot be read or written, a corrupt results database), 2 bad input (one line
@@ -146,7 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=port_number, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
     serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 8)")
-    serve.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
     serve.add_argument("--products", type=int, default=None,
                        help="catalog size (default: all of it; the built-in catalog has 1,000)")
     serve.add_argument("--data-dir", default=None, help="official WebShop files (default $WEBSHOP_DATA, else built-in)")
@@ -298,7 +297,7 @@ def _cmd_webshop_serve(args: argparse.Namespace) -> int:
         options = server.ServeOptions(
             host=args.host, port=args.port if args.port is not None else server.default_port(),
             workers=args.workers if args.workers is not None else server.default_workers(),
-            threads=args.threads, products=args.products, data_dir=args.data_dir,
+            products=args.products, data_dir=args.data_dir,
             log_level=args.log_level, access_log=args.access_log)
         options.check()
     except ValueError as exc:  # also a $WEBSHOP_PORT that is not a number

@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 import envrl  # noqa: F401  (registers the ids)
 from envrl.agents import make_agent
 from envrl.envs.base import INFO_KEYS
-from envrl.envs.webshop.env import WebShopEnv
+from envrl.envs.webshop.env import WebShopEnv, choose_goal_options
 from envrl.envs.webshop.transports import LocalServer, WebShopConnectionError
 
 
@@ -81,6 +81,77 @@ def test_oracle_on_all_test_goals():
     env.close()
 
 
+def _offers(product: dict, name: str, value: str) -> bool:
+    return value.casefold() in {v.casefold() for v in (product.get("options") or {}).get(name, [])}
+
+
+@pytest.mark.parametrize("split, count", [("test", 500), ("eval", 500)])
+def test_oracle_chooses_the_goals_own_options(split, count):
+    """The oracle's episodes are demonstrations: it clicks exactly the goal's option values
+    wherever the product offers them, never another value the reward would also accept."""
+    env = gym.make("envrl/WebShop-v0", split=split, expert_plan=True)
+    oracle, store = env.unwrapped, env.unwrapped.store
+    checked = 0
+    for task_id in oracle.task_ids[:count]:
+        env.reset(options={"task_id": task_id})
+        goal = store.goals[int(task_id.split("_")[1])]
+        product = store.by_asin[goal["asin"]]
+        chosen = oracle._best_options()
+        wanted = {name: value for name, value in goal["goal_options"].items() if _offers(product, name, value)}
+        assert {k: v.casefold() for k, v in chosen.items()} == {k: v.casefold() for k, v in wanted.items()}, \
+            (task_id, goal["goal_options"], chosen)
+        checked += bool(wanted)
+    assert checked >= 0.9 * count  # most goals name options the product offers
+    env.close()
+
+
+def test_oracle_buys_the_goals_own_options_in_its_episodes():
+    env = gym.make("envrl/WebShop-v0", split="test", expert_plan=True)
+    store = env.unwrapped.store
+    for task_id in env.unwrapped.task_ids[:40]:
+        action, _, reward, terminated = _play(env, task_id)[-1]
+        assert terminated and action == "click[buy now]" and reward >= 1.0
+        goal = store.goals[int(task_id.split("_")[1])]
+        assert env.unwrapped._page.options == goal["goal_options"], task_id
+    env.close()
+
+
+RUG = {"color": ["snow white", "turquoise", "navy blue", "terracotta"],
+       "shape": ["square", "round", "octagon", "oval", "rectangular", "rectangular runner"],
+       "size": ["8 ft 0 x 8 ft 0", "7 ft", "2 ft 6 in x 10 ft", "8 x 10 ft"]}
+
+
+SIZES = {"size": ["x-large", "large tall"]}
+
+
+@pytest.mark.parametrize("groups, goal_options, expected", [
+    # human goals (plain lists): exact values, case and spacing aside, wherever they are offered
+    (RUG, ["Navy  Blue", "rectangular", "8 x 10 ft"], {"color": "navy blue", "shape": "rectangular", "size": "8 x 10 ft"}),
+    (RUG, ["round"], {"shape": "round"}),  # groups the goal does not name are left alone
+    # not offered: the closest value, in the group where it is closest
+    (RUG, ["turquoise", "octagonal", "8 ft 0 x 8 ft 0 square"],
+     {"color": "turquoise", "shape": "octagon", "size": "8 ft 0 x 8 ft 0"}),
+    # nothing close ("hexagon" ~ "octagon" is chance): no click rather than a guess
+    (RUG, ["purple", "hexagon"], {}),
+    # synthetic goals name the group; "large" is closer to "x-large" than to "large tall"
+    (SIZES, {"size": "large"}, {"size": "x-large"}),
+    (RUG, {"color": "Terracotta", "size": "7 ft"}, {"color": "terracotta", "size": "7 ft"}),
+])
+def test_choose_goal_options(groups, goal_options, expected):
+    assert choose_goal_options(groups, goal_options, score=lambda chosen: 0.0) == expected
+
+
+def test_the_score_only_breaks_ties():
+    # a score that prefers another value never beats the goal's own value ...
+    prefers_black = lambda chosen: float(chosen.get("color") == "black")  # noqa: E731
+    assert choose_goal_options({"color": ["black", "white"]}, {"color": "white"}, prefers_black) == {"color": "white"}
+    # ... but decides between values equally close to it, else the first in page order wins
+    groups = {"color": ["navy blue", "blue navy"]}
+    assert choose_goal_options(groups, {"color": "navy"}, lambda c: float(c["color"] == "blue navy")) == \
+        {"color": "blue navy"}
+    assert choose_goal_options(groups, {"color": "navy"}, lambda c: 0.0) == {"color": "navy blue"}
+
+
 @pytest.mark.parametrize("action, feedback", [
     ("click[no such button]", "is not clickable on this page"),
     ("buy the red shoes", "write search[keywords] or click[an item on the page]"),
@@ -137,8 +208,8 @@ def test_unknown_task_and_split_are_clear_errors():
 
 def test_seed_picks_the_task_deterministically():
     env = gym.make("envrl/WebShop-v0", split="eval")
-    ids = [env.reset(seed=s)[1]["task_id"] for s in (5, 6, 5)]
-    assert ids[0] == ids[2]
+    ids = [env.reset(seed=s)[1]["task_id"] for s in (5, 6, 7, 8, 5)]
+    assert ids[0] == ids[-1] and len(set(ids)) > 2  # the seed decides, and seeds differ
     env.close()
 
 

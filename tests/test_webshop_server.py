@@ -1,5 +1,5 @@
 """``envrl webshop serve`` in a subprocess: health, an episode over HTTP, 64 concurrent
-sessions, clean shutdown on SIGTERM.
+sessions, slow clients, clean shutdown on SIGTERM.
 
 ``play_episode`` and ``wait_healthy`` are shared with ``test_webshop_container.py``.
 """
@@ -25,6 +25,7 @@ requests = pytest.importorskip("requests")
 bs4 = pytest.importorskip("bs4")
 pytest.importorskip("gunicorn")
 
+from envrl.envs.webshop.server import HEADER_TIMEOUT  # noqa: E402
 from envrl.envs.webshop.store import load_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,7 +178,7 @@ def store():
 
 @pytest.fixture(scope="module")
 def server():
-    srv = Server("--workers", "2", "--threads", "4")
+    srv = Server("--workers", "2")
     try:
         wait_healthy(srv.url, alive=lambda: srv.proc.poll() is None)
     except AssertionError:
@@ -221,6 +222,66 @@ def test_64_concurrent_sessions(server, store):
     assert len(server.wait_workers(2)) == 2
 
 
+SLOW_CLIENTS = 40
+#: a request whose headers never end; a slow client sends one more byte now and then
+SLOW_PREFIX = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+
+def _open_slow_clients(port: int, count: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(SLOW_PREFIX)
+        sock.setblocking(False)
+        socks.append(sock)
+    return socks
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Send the slow client's next byte; False once the server has closed (or answered) it."""
+    try:
+        sock.recv(4096)  # b"" (closed) or a response: either way the hold is over
+        return False
+    except BlockingIOError:
+        pass
+    except OSError:
+        return False
+    try:
+        sock.send(b"a")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(60)
+def test_slow_clients_neither_block_the_server_nor_hold_it_for_long(server, store):
+    """40 connections trickling unfinished headers (a "slowloris"; the gthread workers had one
+    thread per such connection, and /healthz then waited over 90 s): the server still answers
+    at once, and it closes each slow connection once its ``HEADER_TIMEOUT`` is up."""
+    socks = _open_slow_clients(server.port, SLOW_CLIENTS)
+    try:
+        opened = time.monotonic()
+        for _ in range(3):
+            time.sleep(0.5)
+            assert all(_still_open(sock) for sock in socks)  # held, not refused
+            started = time.monotonic()
+            assert requests.get(f"{server.url}/healthz", timeout=2).status_code == 200
+            assert time.monotonic() - started < 2
+        payload = play_episode(server.url, store.split_goals("test")[1], store)
+        assert payload["reward"] == pytest.approx(payload["expected"], abs=1e-9)
+
+        held = list(socks)
+        deadline = opened + HEADER_TIMEOUT + 10
+        while held and time.monotonic() < deadline:
+            time.sleep(0.25)
+            held = [sock for sock in held if _still_open(sock)]
+        assert not held, f"{len(held)} slow connections still open {time.monotonic() - opened:.1f} s on"
+        assert time.monotonic() - opened > HEADER_TIMEOUT - 1  # and not cut before their time
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def test_bad_options_exit_with_usage_error():
     proc = subprocess.run([sys.executable, "-m", "envrl.cli", "webshop", "serve", "--workers", "0"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -228,7 +289,7 @@ def test_bad_options_exit_with_usage_error():
 
 
 def test_sigterm_stops_cleanly(store):
-    srv = Server("--workers", "2", "--threads", "2")
+    srv = Server("--workers", "2")
     try:
         wait_healthy(srv.url, alive=lambda: srv.proc.poll() is None)
         workers = srv.wait_workers(2)

@@ -14,12 +14,19 @@ action sequence gives the same ``text``/``text_rich`` observations in all three 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import threading
-from typing import Any, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rapidfuzz import fuzz
+from rapidfuzz.utils import default_process
 
 from envrl.envs.base import StepResult, TaskStart, TextEnv
 from envrl.envs.webshop.page import OBSERVATION_MODES, Page, parse_page, render_observation
+from envrl.envs.webshop.reward import similarity
 from envrl.envs.webshop.site import MAX_QUERY_CHARS
 from envrl.envs.webshop.store import WebShopStore, load_store
 from envrl.envs.webshop.transports import (
@@ -37,8 +44,15 @@ MODES = ("inprocess", "http", "browser")
 #: ``search[...]`` / ``click[...]``; the argument is matched case-insensitively, as the original does
 ACTION_PATTERN = re.compile(r"^\s*(search|click)\[(.*)\]\s*$", re.DOTALL)
 
-#: the most option combinations the expert scores exhaustively before choosing per option
+#: the most combinations of equally close option values the expert scores exhaustively to
+#: break a tie, before it breaks the ties one option at a time
 MAX_OPTION_COMBINATIONS = 512
+
+#: a goal option given without its name (official human goals are plain lists of values) goes
+#: only to an option group with a value at least this similar (``reward.similarity``, 0..100).
+#: Spelling variants pass ("grey"/"gray" 75, "octagonal"/"octagon" 88); below it lie chance
+#: resemblances ("hexagon"/"octagon" 57), and clicking one would demonstrate a guess
+UNNAMED_MATCH_FLOOR = 70
 
 _APPS: dict[int, Any] = {}
 _APPS_LOCK = threading.Lock()
@@ -102,7 +116,6 @@ class WebShopEnv(TextEnv):
         self._transport = self._connect(server_url)
         self._page: Page | None = None
         self._visited: list[str] = []
-        self._done = False
         self._goal_index = -1
         self._expert_options: dict[str, str] | None = None
 
@@ -128,7 +141,6 @@ class WebShopEnv(TextEnv):
         self._goal_index = int(task_id.rsplit("_", 1)[1])
         goal = self.store.goals[self._goal_index]
         self._visited = []
-        self._done = False
         self._expert_options = None
         self._show(self._transport.open(f"/{task_id}"))
         return TaskStart(observation=self._observation(), task_type=str(goal.get("category", "")),
@@ -138,7 +150,7 @@ class WebShopEnv(TextEnv):
     def _apply(self, action: str) -> StepResult:
         problem = self._problem_with(action)
         if problem is not None:
-            return StepResult(observation=f"Invalid action: {problem}", reward=0.0, terminated=self._done,
+            return StepResult(observation=f"Invalid action: {problem}", reward=0.0, terminated=False,
                               valid_action=False, success=False, score=0.0,
                               admissible_actions=self._admissible(), extra=self._extra())
         verb, argument = self._parse(action)
@@ -152,7 +164,6 @@ class WebShopEnv(TextEnv):
             fetched = self._transport.click(page, clickable)
         self._show(fetched)
         if self._page.kind == "done":
-            self._done = True
             reward = float(self._page.reward or 0.0)
             # The paper's formula counts every chosen option that matches, so a purchase with
             # more options than the goal names can exceed 1: the reward stays exact, the score
@@ -179,8 +190,6 @@ class WebShopEnv(TextEnv):
         return match.group(1), match.group(2).strip().lower()
 
     def _problem_with(self, action: str) -> str | None:
-        if self._done:
-            return "the purchase is done; the episode is over (call reset())."
         verb, argument = self._parse(action)
         page = self._page
         if verb == "search":
@@ -224,8 +233,8 @@ class WebShopEnv(TextEnv):
     def _expert_actions(self) -> list[str]:
         """The oracle's remaining actions from the current page.
 
-        It searches the goal product's title, pages through the results to the product, picks
-        the option combination that scores best against the goal, and buys. From any other
+        It searches the goal product's title, pages through the results to the product, clicks
+        the goal's own option values (:meth:`_best_options`), and buys. From any other
         page it goes back one step, so it recovers when an agent following it is sent astray.
         """
         page = self._page
@@ -250,39 +259,127 @@ class WebShopEnv(TextEnv):
         return ["click[< prev]"] if "< prev" in page.clickables else ["click[back to search]"]
 
     def _best_options(self) -> dict[str, str]:
-        """The goal product's option choice with the highest reward (first such, in page order)."""
+        """The options the oracle clicks on the goal product: the goal's own values.
+
+        Its episodes become demonstrations, so it must show what the instruction asks, not
+        whatever the reward also accepts (the reward counts any chosen option found in the
+        product's text). The score only breaks ties; see :func:`choose_goal_options`.
+        """
         if self._expert_options is None:
-            goal = self.store.goals[self._goal_index]
-            product = self.store.by_asin[goal["asin"]]
-            groups = [(name, list(values)) for name, values in product.get("options", {}).items() if values]
-            count = 1
-            for _, values in groups:
-                count *= len(values)
-            if count <= MAX_OPTION_COMBINATIONS:
-                candidates = [dict(zip([name for name, _ in groups], combo))
-                              for combo in itertools.product(*[values for _, values in groups])]
-            else:  # too many: choose each option on its own, the others left at their first value
-                choice = {name: values[0] for name, values in groups}
-                for name, values in groups:
-                    choice[name] = max(values, key=lambda v: self.store.reward(
-                        self._goal_index, goal["asin"], {**choice, name: v})[0])
-                candidates = [choice]
-            best, best_score = {}, -1.0
-            for candidate in candidates:
-                score = min(1.0, self.store.reward(self._goal_index, goal["asin"], candidate)[0])
-                if score > best_score:
-                    best, best_score = candidate, score
-            self._expert_options = best
+            goal_index = self._goal_index
+            goal = self.store.goals[goal_index]
+            asin = str(goal["asin"])
+
+            def score(chosen: dict[str, str]) -> float:
+                return min(1.0, self.store.reward(goal_index, asin, chosen)[0])
+
+            self._expert_options = choose_goal_options(self.store.by_asin[asin].get("options") or {},
+                                                       goal["goal_options"], score)
         return self._expert_options
 
-    def close(self) -> None:
+    def _close_engine(self) -> None:
         transport, self._transport = getattr(self, "_transport", None), None
         if transport is not None:
             transport.close()
         server, self._local_server = getattr(self, "_local_server", None), None
         if server is not None:
             server.close()
-        super().close()
+
+
+# ---- the oracle's option choice ---------------------------------------------------------------
+
+
+def _plain(value: str) -> str:
+    """Case and spacing folded, so that "Black  | Clear Glass" is the value "black | clear glass"."""
+    return " ".join(str(value).casefold().split())
+
+
+def option_closeness(wanted: str, offered: str) -> tuple[int, int, int]:
+    """How close an offered option value is to a wanted one (tuples compare, larger is closer).
+
+    Equality (case and spacing folded) beats everything. Then the reward's own similarity, so
+    that the expert prefers a value the paper's reward counts as the goal's. Then plain edit
+    similarity, which tells "large" from "x-large" where token-set similarity rates both 100.
+    """
+    a, b = _plain(wanted), _plain(offered)
+    return int(a == b), similarity(a, b), int(round(fuzz.ratio(a, b, processor=default_process)))
+
+
+def _goal_wants(goal_options: Mapping[str, str] | Sequence[str]) -> list[tuple[str | None, str]]:
+    """``(option name or None, value)`` per goal option: synthetic goals name their options,
+    human goals are a plain list of values."""
+    if isinstance(goal_options, Mapping):
+        return [(str(name), str(value)) for name, value in goal_options.items()]
+    return [(None, str(value)) for value in goal_options]
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """A goal option put in one option group, with that group's closest values (ties kept)."""
+
+    closeness: tuple[int, int, int]
+    goal_position: int
+    group: str
+    values: tuple[str, ...]
+
+
+def _placements(wants: list[tuple[str | None, str]], groups: Mapping[str, list[str]]) -> list[_Placement]:
+    """Every group each goal option may go to: the group of its name, or, for a goal option
+    without a name the product knows, any group with a value past ``UNNAMED_MATCH_FLOOR``."""
+    by_name = {_plain(name): name for name in groups}
+    out = []
+    for position, (name, value) in enumerate(wants):
+        anchor = by_name.get(_plain(name)) if name is not None else None
+        for group in [anchor] if anchor is not None else list(groups):
+            scored = [(option_closeness(value, offered), offered) for offered in groups[group]]
+            best = max(closeness for closeness, _ in scored)
+            if anchor is None and not best[0] and best[1] < UNNAMED_MATCH_FLOOR:
+                continue
+            out.append(_Placement(best, position, group, tuple(o for c, o in scored if c == best)))
+    return out
+
+
+def _assign(placements: list[_Placement]) -> dict[str, tuple[str, ...]]:
+    """Group -> its tied closest values; each goal option and each group used once, closest
+    pairs first (so an exact match is never displaced by a fuzzy one), then goal order."""
+    ranked = sorted(placements, key=lambda p: (p.closeness, -p.goal_position), reverse=True)
+    used: set[int] = set()
+    chosen: dict[str, tuple[str, ...]] = {}
+    for placement in ranked:
+        if placement.goal_position not in used and placement.group not in chosen:
+            used.add(placement.goal_position)
+            chosen[placement.group] = placement.values
+    return chosen
+
+
+def _break_ties(ties: list[tuple[str, tuple[str, ...]]], score: Callable[[dict[str, str]], float]) -> dict[str, str]:
+    """One value per group among its tied ones: the combination with the best score, the first
+    in page order on equal scores (one group at a time beyond ``MAX_OPTION_COMBINATIONS``)."""
+    names = [name for name, _ in ties]
+    count = math.prod(len(values) for _, values in ties)
+    if count == 1:  # no tie: nothing to score (the usual case)
+        return {name: values[0] for name, values in ties}
+    if count <= MAX_OPTION_COMBINATIONS:
+        combos = itertools.product(*[values for _, values in ties])
+        return dict(zip(names, max(combos, key=lambda combo: score(dict(zip(names, combo))))))
+    choice = {name: values[0] for name, values in ties}
+    for name, values in ties:
+        choice[name] = max(values, key=lambda value: score({**choice, name: value}))
+    return choice
+
+
+def choose_goal_options(groups: Mapping[str, Sequence[str]], goal_options: Mapping[str, str] | Sequence[str],
+                        score: Callable[[dict[str, str]], float]) -> dict[str, str]:
+    """The option values to click for a goal, in the product's (page) order.
+
+    Each goal option gets its own value where the product offers it (case and spacing aside),
+    else the closest value (:func:`option_closeness`) in the group of its name, or, when the goal
+    gives no name, in the group where it is closest. Groups the goal does not ask about are left
+    alone. ``score(chosen)`` only breaks ties between equally close values.
+    """
+    offered = {name: [str(v) for v in values] for name, values in groups.items() if values}
+    ties = _assign(_placements(_goal_wants(goal_options), offered))
+    return _break_ties([(name, ties[name]) for name in offered if name in ties], score)
 
 
 __all__ = ["MODES", "WebShopConnectionError", "WebShopEnv"]
