@@ -70,6 +70,7 @@ def _record(digest, observation: str, score: int, done: bool) -> None:
 
 # ---- the sides ---------------------------------------------------------------------------
 
+
 def _prepare(episodes: list[tuple[str, int]], simplifications: str) -> list[dict]:
     from envrl.envs.scienceworld.engine import Engine
     from envrl.envs.scienceworld.tasks import find_task
@@ -79,8 +80,7 @@ def _prepare(episodes: list[tuple[str, int]], simplifications: str) -> list[dict
     for key, variation in episodes:
         task = find_task(key)
         gold = engine.load(task.name, variation, simplifications, gold_path=True) or []
-        plans.append({"id": task.id, "name": task.name, "variation": variation,
-                      "actions": [FIRST_ACTION, *gold]})
+        plans.append({"id": task.id, "name": task.name, "variation": variation, "actions": [FIRST_ACTION, *gold]})
     engine.close()
     return plans
 
@@ -127,8 +127,12 @@ def _run_stock(plans: list[dict], simplifications: str, rounds: int, java_defaul
 def _run_envrl(plans: list[dict], simplifications: str, rounds: int, admissible_mode: str) -> dict:
     from envrl.envs.scienceworld.env import ScienceWorldEnv
 
-    env = ScienceWorldEnv(split="train", task=sorted({p["id"] for p in plans}), simplifications=simplifications,
-                          admissible=admissible_mode)
+    env = ScienceWorldEnv(
+        split="train",
+        task=sorted({p["id"] for p in plans}),
+        simplifications=simplifications,
+        admissible=admissible_mode,
+    )
     digests, admissible = [], hashlib.sha256()
     reset_time = step_time = cpu = 0.0
     steps = resets = 0
@@ -204,13 +208,19 @@ def _episodes(tasks: str, variations: int) -> list[tuple[str, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default="", help="'all', or task ids/names separated by commas "
-                                                    "(default: one per family, 1-1 ... 10-1)")
+    parser.add_argument(
+        "--tasks",
+        default="",
+        help="'all', or task ids/names separated by commas (default: one per family, 1-1 ... 10-1)",
+    )
     parser.add_argument("--variations", type=int, default=1, help="first N train variations per task")
     parser.add_argument("--simplifications", default="", help="ScienceWorld simplifications (default none)")
     parser.add_argument("--rounds", type=int, default=1, help="times to play every episode")
-    parser.add_argument("--stock-java-defaults", action="store_true",
-                        help="run stock with Java's default options (identity then is not required)")
+    parser.add_argument(
+        "--stock-java-defaults",
+        action="store_true",
+        help="run stock with Java's default options (identity then is not required)",
+    )
     args = parser.parse_args()
 
     plans = _in_process(_prepare, _episodes(args.tasks, args.variations), args.simplifications)
@@ -218,25 +228,33 @@ def main() -> None:
     lazy = _in_process(_run_envrl, plans, args.simplifications, args.rounds, "lazy")
     eager = _in_process(_run_envrl, plans, args.simplifications, args.rounds, "eager")
 
-    print(f"{len(plans)} gold paths x {args.rounds} round(s), {stock['steps']} steps per side "
-          f"(simplifications: {args.simplifications or 'none'}; stock JVM: "
-          f"{'Java defaults' if args.stock_java_defaults else STOCK_JAVA_TOOL_OPTIONS})")
+    print(
+        f"{len(plans)} gold paths x {args.rounds} round(s), {stock['steps']} steps per side "
+        f"(simplifications: {args.simplifications or 'none'}; stock JVM: "
+        f"{'Java defaults' if args.stock_java_defaults else STOCK_JAVA_TOOL_OPTIONS})"
+    )
     print(f"{'':12} {'steps/s':>9} {'CPU ms/step':>12} {'reset s':>8} {'JVM start s':>12} {'JVM peak RSS MB':>16}")
     for name, r in (("stock", stock), ("envrl lazy", lazy), ("envrl eager", eager)):
-        print(f"{name:12} {r['steps_per_s']:9.1f} {r['cpu_ms_per_step']:12.1f} {r['reset_s']:8.3f} "
-              f"{r['start_s']:12.2f} {r['jvm_peak_rss_mb']:16.0f}")
-    print(f"step speed-up (steps/s): lazy {lazy['steps_per_s'] / stock['steps_per_s']:.1f}x, "
-          f"eager {eager['steps_per_s'] / stock['steps_per_s']:.1f}x   "
-          f"CPU per step: lazy {stock['cpu_ms_per_step'] / lazy['cpu_ms_per_step']:.1f}x less, "
-          f"eager {stock['cpu_ms_per_step'] / eager['cpu_ms_per_step']:.1f}x less   "
-          f"JVM memory ratio: {lazy['jvm_peak_rss_mb'] / max(stock['jvm_peak_rss_mb'], 1):.2f}")
+        print(
+            f"{name:12} {r['steps_per_s']:9.1f} {r['cpu_ms_per_step']:12.1f} {r['reset_s']:8.3f} "
+            f"{r['start_s']:12.2f} {r['jvm_peak_rss_mb']:16.0f}"
+        )
+    print(
+        f"step speed-up (steps/s): lazy {lazy['steps_per_s'] / stock['steps_per_s']:.1f}x, "
+        f"eager {eager['steps_per_s'] / stock['steps_per_s']:.1f}x   "
+        f"CPU per step: lazy {stock['cpu_ms_per_step'] / lazy['cpu_ms_per_step']:.1f}x less, "
+        f"eager {stock['cpu_ms_per_step'] / eager['cpu_ms_per_step']:.1f}x less   "
+        f"JVM memory ratio: {lazy['jvm_peak_rss_mb'] / max(stock['jvm_peak_rss_mb'], 1):.2f}"
+    )
 
     names = [p["id"] for p in plans] * args.rounds
     eager_same = eager["digests"] == stock["digests"] and eager["admissible"] == stock["admissible"]
     lazy_differs = sorted({n for n, a, b in zip(names, lazy["digests"], stock["digests"]) if a != b})
     print(f"eager == stock (observations, scores, done flags, valid actions): {eager_same}")
-    print(f"lazy == stock (observations, scores, done flags): {not lazy_differs}"
-          + (f" (differs in {', '.join(lazy_differs)})" if lazy_differs else ""))
+    print(
+        f"lazy == stock (observations, scores, done flags): {not lazy_differs}"
+        + (f" (differs in {', '.join(lazy_differs)})" if lazy_differs else "")
+    )
     if not args.stock_java_defaults and (not eager_same or lazy_differs):
         raise SystemExit(1)
 

@@ -93,8 +93,9 @@ def warm_up(env: str, pools: dict[str, int]) -> None:
         single.close()
 
 
-def measure(env: str, backend: str, workers: int, steps: int, ray_address: str | None, seed: int,
-            pools: dict[str, int]) -> dict:
+def measure(
+    env: str, backend: str, workers: int, steps: int, ray_address: str | None, seed: int, pools: dict[str, int]
+) -> dict:
     """Play ``steps`` env steps on ``workers`` envs; returns the numbers of one table cell."""
     name, kwargs = target(env, pools)
     extra = {"ray_address": ray_address} if backend == "ray" else {}
@@ -118,14 +119,25 @@ def measure(env: str, backend: str, workers: int, steps: int, ray_address: str |
         elapsed = time.perf_counter() - start
     finally:
         vec.close()
-    return {"env": env, "backend": backend, "workers": workers, "steps": rounds * workers, "seconds": elapsed,
-            "steps_per_s": rounds * workers / elapsed, "startup_s": startup, "episodes_ended": episodes,
-            "worker_restarts": restarts}
+    return {
+        "env": env,
+        "backend": backend,
+        "workers": workers,
+        "steps": rounds * workers,
+        "seconds": elapsed,
+        "steps_per_s": rounds * workers / elapsed,
+        "startup_s": startup,
+        "episodes_ended": episodes,
+        "worker_restarts": restarts,
+    }
 
 
 def table(results: list[dict], worker_counts: list[int]) -> str:
-    header = f"{'env':<13} {'backend':<10} " + " ".join(f"{f'{w} worker' + ('s' if w > 1 else ''):>19}"
-                                                        for w in worker_counts) + f" {'start-up (s)':>13}"
+    header = (
+        f"{'env':<13} {'backend':<10} "
+        + " ".join(f"{f'{w} worker' + ('s' if w > 1 else ''):>19}" for w in worker_counts)
+        + f" {'start-up (s)':>13}"
+    )
     lines = [header, "-" * len(header)]
     groups: dict[tuple[str, str], dict[int, dict]] = {}
     for row in results:
@@ -141,8 +153,10 @@ def table(results: list[dict], worker_counts: list[int]) -> str:
                 cells.append(f"{row['steps_per_s']:>10.1f} ({row['steps_per_s'] / base:4.2f}x)")
         startup = max(r["startup_s"] for r in rows.values())
         lines.append(f"{env:<13} {backend:<10} " + " ".join(cells) + f" {startup:>13.1f}")
-    lines.append("cells: env steps per second (speed-up over the fewest workers); start-up: the slowest "
-                 "configuration's build + first reset")
+    lines.append(
+        "cells: env steps per second (speed-up over the fewest workers); start-up: the slowest "
+        "configuration's build + first reset"
+    )
     return "\n".join(lines)
 
 
@@ -151,13 +165,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", nargs="*", default=None, help="envs to measure (default: every registered one)")
     parser.add_argument("--backend", choices=("subprocess", "ray", "both"), default="subprocess")
     parser.add_argument("--workers", nargs="*", type=int, default=[1, 2, 4], help="worker counts (default 1 2 4)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="env steps per configuration (default per env: " +
-                             ", ".join(f"{k} {v[1]}" for k, v in SETTINGS.items()) + ")")
-    parser.add_argument("--ray-address", default="local",
-                        help="Ray address for --backend ray/both (default: a new local instance)")
-    parser.add_argument("--textworld-pool", type=int, default=6,
-                        help="TextWorld episodes draw from the split's first N games (0: the whole split)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="env steps per configuration (default per env: "
+        + ", ".join(f"{k} {v[1]}" for k, v in SETTINGS.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--ray-address", default="local", help="Ray address for --backend ray/both (default: a new local instance)"
+    )
+    parser.add_argument(
+        "--textworld-pool",
+        type=int,
+        default=6,
+        help="TextWorld episodes draw from the split's first N games (0: the whole split)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
@@ -167,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     envs = [e for e in envs if e in ENVIRONMENTS]
     backends = ["subprocess", "ray"] if args.backend == "both" else [args.backend]
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"vector env scaling: {platform.python_implementation()} {platform.python_version()}, {cpus} CPUs; "
-          f"envs {', '.join(envs)}" + (f" (not registered, skipped: {', '.join(skipped)})" if skipped else ""))
+    print(
+        f"vector env scaling: {platform.python_implementation()} {platform.python_version()}, {cpus} CPUs; "
+        f"envs {', '.join(envs)}" + (f" (not registered, skipped: {', '.join(skipped)})" if skipped else "")
+    )
 
     pools = {"textworld": args.textworld_pool}
     owns_ray = False
@@ -176,9 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         from envrl.ray_cluster import connect_ray
 
         here = os.pathsep.join([str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])])
-        owns_ray = connect_ray(args.ray_address, {"num_cpus": cpus, "log_to_driver": False,
-                                                  "runtime_env": {"env_vars": {"PYTHONPATH": here}}}
-                               if args.ray_address == "local" else None)
+        owns_ray = connect_ray(
+            args.ray_address,
+            {"num_cpus": cpus, "log_to_driver": False, "runtime_env": {"env_vars": {"PYTHONPATH": here}}}
+            if args.ray_address == "local"
+            else None,
+        )
     results = []
     try:
         for env in envs:
@@ -188,9 +217,11 @@ def main(argv: list[str] | None = None) -> int:
                 for workers in args.workers:
                     row = measure(env, backend, workers, steps, args.ray_address, args.seed, pools)
                     results.append(row)
-                    print(f"  {env} {backend} x{workers}: {row['steps_per_s']:.1f} steps/s "
-                          f"({row['steps']} steps in {row['seconds']:.1f}s, start-up {row['startup_s']:.1f}s)",
-                          flush=True)
+                    print(
+                        f"  {env} {backend} x{workers}: {row['steps_per_s']:.1f} steps/s "
+                        f"({row['steps']} steps in {row['seconds']:.1f}s, start-up {row['startup_s']:.1f}s)",
+                        flush=True,
+                    )
     finally:
         if owns_ray:
             from envrl.ray_cluster import release_ray
@@ -199,8 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results, args.workers))
     if args.json:
-        payload = {"python": platform.python_version(), "cpus": cpus, "seed": args.seed, "skipped": skipped,
-                   "task_pools": {k: v for k, v in pools.items() if v}, "results": results}
+        payload = {
+            "python": platform.python_version(),
+            "cpus": cpus,
+            "seed": args.seed,
+            "skipped": skipped,
+            "task_pools": {k: v for k, v in pools.items() if v},
+            "results": results,
+        }
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         print(f"results written to {args.json}")
     return 0

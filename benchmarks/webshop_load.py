@@ -74,8 +74,19 @@ class Server:
 
     def __init__(self, workers: int, products: int | None = None, timeout: float = 300):
         self.port = _free_port()
-        args = [sys.executable, "-m", "envrl.cli", "webshop", "serve", "--port", str(self.port),
-                "--workers", str(workers), "--log-level", "warning"]
+        args = [
+            sys.executable,
+            "-m",
+            "envrl.cli",
+            "webshop",
+            "serve",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ]
         if products:
             args += ["--products", str(products)]
         started = time.perf_counter()
@@ -125,8 +136,12 @@ class Server:
                 pss += int(re.search(r"^Pss:\s+(\d+)", rollup, re.M).group(1))
             except (OSError, AttributeError):
                 continue
-        return {"processes": len(self.pids()), "rss_sum_mb": rss / 1024, "pss_sum_mb": pss / 1024,
-                "rss_max_mb": largest / 1024}
+        return {
+            "processes": len(self.pids()),
+            "rss_sum_mb": rss / 1024,
+            "pss_sum_mb": pss / 1024,
+            "rss_max_mb": largest / 1024,
+        }
 
     def stop(self) -> float:
         """SIGTERM; returns the seconds until the server exited."""
@@ -189,8 +204,9 @@ class Session:
         goal = store.goals[goal_index]
         status, _, _ = self._request("search", "GET", site.search_url(sid))
         query = store.by_asin[goal["asin"]]["Title"].lower()
-        status2, _, response = self._request("search_post", "POST", site.search_url(sid),
-                                             urlencode({"search_query": query}))
+        status2, _, response = self._request(
+            "search_post", "POST", site.search_url(sid), urlencode({"search_query": query})
+        )
         if status != 200 or status2 != 302:
             raise RuntimeError(f"search {status}, post {status2}")
         status, text, _ = self._request("results", "GET", response.getheader("Location"))
@@ -221,8 +237,9 @@ class Session:
         return text
 
 
-def _client_process(port: int, threads: int, proc_index: int, warmup: float, duration: float,
-                    queue: Any, timeout: float, tag: str) -> None:
+def _client_process(
+    port: int, threads: int, proc_index: int, warmup: float, duration: float, queue: Any, timeout: float, tag: str
+) -> None:
     store = load_store()
     sessions = [Session(port, store, f"load{tag}{proc_index}x{t}", timeout) for t in range(threads)]
     start = time.monotonic() + 0.5
@@ -248,25 +265,38 @@ def _client_process(port: int, threads: int, proc_index: int, warmup: float, dur
         worker.start()
     for worker in workers:
         worker.join()
-    queue.put({
-        "samples": [sample for s in sessions for sample in s.samples],
-        "episodes": sum(s.episodes for s in sessions),
-        "errors": sum(s.errors for s in sessions),
-        "timeouts": sum(s.timeouts for s in sessions),
-        "mismatches": sum(s.mismatches for s in sessions),
-        "session_ids": sum(s.started for s in sessions),
-    })
+    queue.put(
+        {
+            "samples": [sample for s in sessions for sample in s.samples],
+            "episodes": sum(s.episodes for s in sessions),
+            "errors": sum(s.errors for s in sessions),
+            "timeouts": sum(s.timeouts for s in sessions),
+            "mismatches": sum(s.mismatches for s in sessions),
+            "session_ids": sum(s.started for s in sessions),
+        }
+    )
 
 
-def drive(port: int, sessions: int, client_procs: int, warmup: float, duration: float,
-          memory: Any = None, timeout: float = 60.0, tag: str = "") -> dict:
+def drive(
+    port: int,
+    sessions: int,
+    client_procs: int,
+    warmup: float,
+    duration: float,
+    memory: Any = None,
+    timeout: float = 60.0,
+    tag: str = "",
+) -> dict:
     """``sessions`` clients playing episodes for ``warmup + duration`` s; ``tag`` keeps the
     session ids of two runs apart."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     shares = [sessions // client_procs + (1 if i < sessions % client_procs else 0) for i in range(client_procs)]
-    procs = [ctx.Process(target=_client_process, args=(port, n, i, warmup, duration, queue, timeout, tag))
-             for i, n in enumerate(shares) if n]
+    procs = [
+        ctx.Process(target=_client_process, args=(port, n, i, warmup, duration, queue, timeout, tag))
+        for i, n in enumerate(shares)
+        if n
+    ]
     for proc in procs:
         proc.start()
     # the server's memory while the load runs, every ~1/8 of the measured time
@@ -281,10 +311,12 @@ def drive(port: int, sessions: int, client_procs: int, warmup: float, duration: 
         proc.join()
     samples = [sample for r in results for sample in r["samples"]]
     out: dict[str, Any] = {
-        "requests": len(samples), "requests_per_s": len(samples) / duration,
+        "requests": len(samples),
+        "requests_per_s": len(samples) / duration,
         "episodes": sum(r["episodes"] for r in results),
         "episodes_per_s": sum(r["episodes"] for r in results) / duration,
-        "errors": sum(r["errors"] for r in results), "timeouts": sum(r["timeouts"] for r in results),
+        "errors": sum(r["errors"] for r in results),
+        "timeouts": sum(r["timeouts"] for r in results),
         "reward_mismatches": sum(r["mismatches"] for r in results),
         "distinct_session_ids": sum(r["session_ids"] for r in results),
         "memory_timeline": timeline,
@@ -297,15 +329,27 @@ def drive(port: int, sessions: int, client_procs: int, warmup: float, duration: 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:
     if not seconds:
-        return {"n": 0, "p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "max": float("nan"),
-                "mean": float("nan")}
+        return {
+            "n": 0,
+            "p50": float("nan"),
+            "p90": float("nan"),
+            "p99": float("nan"),
+            "max": float("nan"),
+            "mean": float("nan"),
+        }
     ordered = sorted(seconds)
 
     def at(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
-    return {"n": len(ordered), "p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "max": ordered[-1] * 1000,
-            "mean": statistics.fmean(ordered) * 1000}
+    return {
+        "n": len(ordered),
+        "p50": at(0.50),
+        "p90": at(0.90),
+        "p99": at(0.99),
+        "max": ordered[-1] * 1000,
+        "mean": statistics.fmean(ordered) * 1000,
+    }
 
 
 # ---- slow clients ---------------------------------------------------------------------------
@@ -344,9 +388,15 @@ class SlowClients:
         self._stop.set()
         self._thread.join(timeout=30)
         held = sorted(self.held_s)
-        return {"count": self.count, "interval_s": self.interval, "opened": self.opened,
-                "closed_by_server": self.closed_by_server, "connect_failures": self.connect_failures,
-                "held_s_median": held[len(held) // 2] if held else None, "held_s_max": held[-1] if held else None}
+        return {
+            "count": self.count,
+            "interval_s": self.interval,
+            "opened": self.opened,
+            "closed_by_server": self.closed_by_server,
+            "connect_failures": self.connect_failures,
+            "held_s_median": held[len(held) // 2] if held else None,
+            "held_s_max": held[-1] if held else None,
+        }
 
     def _connect(self) -> tuple[socket.socket, float] | None:
         if self.budget <= 0:
@@ -416,8 +466,13 @@ def probe_health(port: int, times: int, timeout: float) -> dict:
         finally:
             conn.close()
     took.sort()
-    return {"probes": times, "failed": failed, "timeout_s": timeout,
-            "median_s": took[len(took) // 2] if took else None, "max_s": took[-1] if took else None}
+    return {
+        "probes": times,
+        "failed": failed,
+        "timeout_s": timeout,
+        "median_s": took[len(took) // 2] if took else None,
+        "max_s": took[-1] if took else None,
+    }
 
 
 def slow_client_load(port: int, args: argparse.Namespace) -> dict:
@@ -427,8 +482,9 @@ def slow_client_load(port: int, args: argparse.Namespace) -> dict:
     slow.start()
     try:
         health = probe_health(port, 5, timeout=args.request_timeout)
-        load = drive(port, args.sessions, args.client_procs, args.warmup, args.duration,
-                     timeout=args.request_timeout, tag="slow")
+        load = drive(
+            port, args.sessions, args.client_procs, args.warmup, args.duration, timeout=args.request_timeout, tag="slow"
+        )
     finally:
         held = slow.stop()
     return {"slow_clients": held, "healthz": health, "load": load}
@@ -459,8 +515,11 @@ def search_latency(products: int, http_rounds: int, inproc_rounds: int) -> dict:
         t = time.perf_counter()
         store.search(query)
         timings.append(time.perf_counter() - t)
-    result: dict[str, Any] = {"products": len(store.products), "store_load_s": load_s,
-                              "inprocess_ms": _percentiles(timings)}
+    result: dict[str, Any] = {
+        "products": len(store.products),
+        "store_load_s": load_s,
+        "inprocess_ms": _percentiles(timings),
+    }
     server = Server(workers=1, products=products)
     try:
         result["server_start_s"] = server.start_s
@@ -487,23 +546,40 @@ def search_latency(products: int, http_rounds: int, inproc_rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
     parser.add_argument("--sessions", type=int, default=64, help="concurrent sessions (default 64)")
     parser.add_argument("--client-procs", type=int, default=2, help="client processes (default 2)")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds of load (default 20)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring (default 2)")
-    parser.add_argument("--large", type=int, default=100_000,
-                        help="the large catalog for search latency (default 100000; 0 skips it)")
-    parser.add_argument("--search-queries", type=int, default=200,
-                        help="queries over HTTP per catalog (4x as many in-process; default 200)")
-    parser.add_argument("--slow-clients", type=int, default=40,
-                        help="connections holding unfinished headers during a second load run (default 40; 0 skips)")
-    parser.add_argument("--slow-interval", type=float, default=1.0,
-                        help="seconds between the bytes a slow client sends (default 1)")
-    parser.add_argument("--request-timeout", type=float, default=10.0,
-                        help="seconds a load request may take before it counts as a timeout (default 10)")
+    parser.add_argument(
+        "--large", type=int, default=100_000, help="the large catalog for search latency (default 100000; 0 skips it)"
+    )
+    parser.add_argument(
+        "--search-queries",
+        type=int,
+        default=200,
+        help="queries over HTTP per catalog (4x as many in-process; default 200)",
+    )
+    parser.add_argument(
+        "--slow-clients",
+        type=int,
+        default=40,
+        help="connections holding unfinished headers during a second load run (default 40; 0 skips)",
+    )
+    parser.add_argument(
+        "--slow-interval", type=float, default=1.0, help="seconds between the bytes a slow client sends (default 1)"
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a load request may take before it counts as a timeout (default 10)",
+    )
     parser.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if min(args.workers, args.sessions, args.client_procs) < 1 or args.duration <= 0:
@@ -511,9 +587,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.slow_clients < 0 or args.slow_interval <= 0 or args.request_timeout <= 0:
         parser.error("--slow-clients must be >= 0, --slow-interval and --request-timeout > 0")
 
-    report: dict[str, Any] = {"workers": args.workers, "sessions": args.sessions,
-                              "client_procs": args.client_procs, "duration_s": args.duration,
-                              "cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
+    report: dict[str, Any] = {
+        "workers": args.workers,
+        "sessions": args.sessions,
+        "client_procs": args.client_procs,
+        "duration_s": args.duration,
+        "cpus": len(os.sched_getaffinity(0)),
+        "python": sys.version.split()[0],
+    }
     load_store()  # before forking the clients
     print(f"starting the server: {args.workers} gevent workers ...", flush=True)
     server = Server(args.workers)
@@ -521,8 +602,15 @@ def main(argv: list[str] | None = None) -> int:
         report["server_start_s"] = server.start_s
         report["memory_before"] = server.memory()
         print(f"driving {args.sessions} sessions for {args.duration:.0f} s ...", flush=True)
-        report["load"] = drive(server.port, args.sessions, args.client_procs, args.warmup, args.duration,
-                               memory=server.memory, timeout=args.request_timeout)
+        report["load"] = drive(
+            server.port,
+            args.sessions,
+            args.client_procs,
+            args.warmup,
+            args.duration,
+            memory=server.memory,
+            timeout=args.request_timeout,
+        )
         report["memory_after"] = server.memory()
         if args.slow_clients:
             print(f"driving them again with {args.slow_clients} slow clients holding connections ...", flush=True)
@@ -546,13 +634,19 @@ def main(argv: list[str] | None = None) -> int:
 def print_report(report: dict) -> None:
     load = report["load"]
     print()
-    print(f"WebShop server: {report['workers']} gevent workers, {report['sessions']} sessions "
-          f"({report['client_procs']} client processes), {report['duration_s']:.0f} s, {report['cpus']} CPUs")
-    print(f"  {load['requests']:,} requests = {load['requests_per_s']:,.0f} req/s; "
-          f"{load['episodes']:,} episodes = {load['episodes_per_s']:,.1f}/s; "
-          f"errors {load['errors']}, timeouts {load['timeouts']}, reward mismatches {load['reward_mismatches']}")
+    print(
+        f"WebShop server: {report['workers']} gevent workers, {report['sessions']} sessions "
+        f"({report['client_procs']} client processes), {report['duration_s']:.0f} s, {report['cpus']} CPUs"
+    )
+    print(
+        f"  {load['requests']:,} requests = {load['requests_per_s']:,.0f} req/s; "
+        f"{load['episodes']:,} episodes = {load['episodes_per_s']:,.1f}/s; "
+        f"errors {load['errors']}, timeouts {load['timeouts']}, reward mismatches {load['reward_mismatches']}"
+    )
     print(f"  {load['distinct_session_ids']:,} distinct session ids in all (one per episode, warm-up included)")
-    print(f"  server start {report['server_start_s']:.2f} s (to /healthz), stop {report['server_stop_s']:.2f} s (SIGTERM)")
+    print(
+        f"  server start {report['server_start_s']:.2f} s (to /healthz), stop {report['server_stop_s']:.2f} s (SIGTERM)"
+    )
     print()
     print(f"  {'route':<12} {'n':>8} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for route, stats in load["latency_ms"].items():
@@ -566,20 +660,32 @@ def print_report(report: dict) -> None:
         print(f"  {label:<18}  {before[key]:>8.1f} {after[key]:>8.1f}")
     timeline = load["memory_timeline"]
     if timeline:
-        print("  under load, RSS sum / PSS sum (MB) at t s: " + ", ".join(
-            f"{m['t_s']:.0f}: {m['rss_sum_mb']:.0f}/{m['pss_sum_mb']:.0f}" for m in timeline))
+        print(
+            "  under load, RSS sum / PSS sum (MB) at t s: "
+            + ", ".join(f"{m['t_s']:.0f}: {m['rss_sum_mb']:.0f}/{m['pss_sum_mb']:.0f}" for m in timeline)
+        )
     print()
     sizes = list(report["search"])
     print(f"  {'search (ms)':<30}" + "".join(f"{int(s):>14,} products" for s in sizes))
-    rows = (("in-process p50", "inprocess_ms", "p50"), ("in-process p99", "inprocess_ms", "p99"),
-            ("HTTP results page p50", "http_results_page_ms", "p50"),
-            ("HTTP results page p99", "http_results_page_ms", "p99"))
+    rows = (
+        ("in-process p50", "inprocess_ms", "p50"),
+        ("in-process p99", "inprocess_ms", "p99"),
+        ("HTTP results page p50", "http_results_page_ms", "p50"),
+        ("HTTP results page p99", "http_results_page_ms", "p99"),
+    )
     for label, key, q in rows:
         print(f"  {label:<30}" + "".join(f"{report['search'][s][key][q]:>23.2f}" for s in sizes))
-    print(f"  {'store load in-process (s)':<30}" + "".join(f"{report['search'][s]['store_load_s']:>23.2f}" for s in sizes))
-    print(f"  {'server start, 1 worker (s)':<30}" + "".join(f"{report['search'][s]['server_start_s']:>23.2f}" for s in sizes))
-    print(f"  {'server PSS, 1 worker (MB)':<30}" + "".join(
-        f"{report['search'][s]['server_memory']['pss_sum_mb']:>23.0f}" for s in sizes))
+    print(
+        f"  {'store load in-process (s)':<30}" + "".join(f"{report['search'][s]['store_load_s']:>23.2f}" for s in sizes)
+    )
+    print(
+        f"  {'server start, 1 worker (s)':<30}"
+        + "".join(f"{report['search'][s]['server_start_s']:>23.2f}" for s in sizes)
+    )
+    print(
+        f"  {'server PSS, 1 worker (MB)':<30}"
+        + "".join(f"{report['search'][s]['server_memory']['pss_sum_mb']:>23.0f}" for s in sizes)
+    )
 
 
 def print_slow(slow: dict, normal: dict) -> None:
@@ -591,14 +697,20 @@ def print_slow(slow: dict, normal: dict) -> None:
     for label, key in (("requests/s", "requests_per_s"), ("errors", "errors"), ("timeouts", "timeouts")):
         print(f"  {label:<22} {normal[key]:>10,.0f} {load[key]:>13,.0f}")
     for q in ("p50", "p99"):
-        print(f"  {'all ' + q + ' ms':<22} {normal['latency_ms']['all'][q]:>10.1f} {load['latency_ms']['all'][q]:>13.1f}")
+        print(
+            f"  {'all ' + q + ' ms':<22} {normal['latency_ms']['all'][q]:>10.1f} {load['latency_ms']['all'][q]:>13.1f}"
+        )
     answered = health["probes"] - health["failed"]
-    print(f"  /healthz: {answered}/{health['probes']} answered within {health['timeout_s']:g} s"
-          + (f", median {health['median_s'] * 1000:.1f} ms, max {health['max_s'] * 1000:.1f} ms" if answered else ""))
+    print(
+        f"  /healthz: {answered}/{health['probes']} answered within {health['timeout_s']:g} s"
+        + (f", median {health['median_s'] * 1000:.1f} ms, max {health['max_s'] * 1000:.1f} ms" if answered else "")
+    )
     if held["held_s_max"] is not None:
-        print(f"  the server closed {held['closed_by_server']} slow connections after {held['held_s_median']:.1f} s "
-              f"(median; max {held['held_s_max']:.1f} s; seen to within {held['interval_s']:g} s); "
-              f"{held['opened']} opened in all")
+        print(
+            f"  the server closed {held['closed_by_server']} slow connections after {held['held_s_median']:.1f} s "
+            f"(median; max {held['held_s_max']:.1f} s; seen to within {held['interval_s']:g} s); "
+            f"{held['opened']} opened in all"
+        )
     else:
         print(f"  the server closed no slow connection ({held['opened']} opened)")
 

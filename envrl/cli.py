@@ -24,8 +24,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from envrl.ports import check_port
 
@@ -67,30 +68,46 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    ev = sub.add_parser("eval", help="evaluate an agent on an env split (resumable)",
-                        description="Play N episodes and record them; re-running the same command resumes. "
-                                    "Episode i plays task_ids[i mod len(task_ids)] with seed S + i.")
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate an agent on an env split (resumable)",
+        description="Play N episodes and record them; re-running the same command resumes. "
+        "Episode i plays task_ids[i mod len(task_ids)] with seed S + i.",
+    )
     ev.add_argument("--env", required=True, help="env name (e.g. alfworld) or gymnasium id")
     ev.add_argument("--split", required=True, help="split name (e.g. valid_unseen)")
     ev.add_argument("--agent", required=True, help="agent spec (e.g. random, expert)")
     ev.add_argument("--episodes", type=int, required=True, help="number of episodes (>= 1)")
     ev.add_argument("--workers", type=int, default=1, help="worker processes, or Ray actors with --ray (default 1)")
-    ev.add_argument("--ray", metavar="ADDRESS", default=None,
-                    help="play the episodes on Ray actors: a cluster address (host:6379, ray://host:10001), "
-                         "'auto' (a running cluster, else a local instance) or 'local' (a new local instance)")
+    ev.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="play the episodes on Ray actors: a cluster address (host:6379, ray://host:10001), "
+        "'auto' (a running cluster, else a local instance) or 'local' (a new local instance)",
+    )
     ev.add_argument("--seed", type=int, default=0, help="base seed; episode i uses seed + i (default 0)")
     ev.add_argument("--run-id", default=None, help="run id (default: <env>-<split>-<agent>-s<seed>)")
     ev.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
     ev.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the env's)")
-    ev.add_argument("--episode-timeout", type=float, default=None,
-                    help="seconds before an episode's worker is killed and the episode retried (default none)")
-    ev.add_argument("--batch-size", type=int, default=1,
-                    help="episodes played side by side in each worker, their actions chosen together (one "
-                         "batched generation for an LLM agent; default 1)")
+    ev.add_argument(
+        "--episode-timeout",
+        type=float,
+        default=None,
+        help="seconds before an episode's worker is killed and the episode retried (default none)",
+    )
+    ev.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="episodes played side by side in each worker, their actions chosen together (one "
+        "batched generation for an LLM agent; default 1)",
+    )
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     llm = ev.add_argument_group("LLM agents (hf:<model>, openai:<model>[@<base_url>])")
-    llm.add_argument("--template", default=None,
-                     help="prompt template: think-action (default), react, or a template JSON file")
+    llm.add_argument(
+        "--template", default=None, help="prompt template: think-action (default), react, or a template JSON file"
+    )
     llm.add_argument("--history", type=int, default=None, help="past turns shown in the prompt (default 2)")
     llm.add_argument("--temperature", type=float, default=None, help="0 = greedy (default 0)")
     llm.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default 1.0)")
@@ -114,9 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--port", type=port_number, default=8050, help="port (default 8050; 0: any free port)")
     web.set_defaults(handler=_cmd_serve)
 
-    sm = sub.add_parser("serve-model", help="an OpenAI-compatible server for a transformers checkpoint",
-                        description="Serve /v1/chat/completions for a transformers checkpoint (e.g. to evaluate "
-                                    "it from another machine with --agent openai:<name>@http://host:port/v1).")
+    sm = sub.add_parser(
+        "serve-model",
+        help="an OpenAI-compatible server for a transformers checkpoint",
+        description="Serve /v1/chat/completions for a transformers checkpoint (e.g. to evaluate "
+        "it from another machine with --agent openai:<name>@http://host:port/v1).",
+    )
     sm.add_argument("checkpoint", help="a local checkpoint directory or a model name")
     sm.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     sm.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
@@ -131,8 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="download official datasets")
     data.add_argument("dataset", choices=("alfworld",), help="which dataset")
     data.add_argument("--download", action="store_true", help="download it")
-    data.add_argument("--dest", default=None,
-                      help="where to put it (default $ALFWORLD_DATA, else ~/.cache/alfworld)")
+    data.add_argument("--dest", default=None, help="where to put it (default $ALFWORLD_DATA, else ~/.cache/alfworld)")
     data.set_defaults(handler=_cmd_data)
 
     # ---- webshop: the WebShop site as a server -----------------------------------------
@@ -140,14 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
     webshop_sub = webshop.add_subparsers(dest="webshop_command", metavar="COMMAND", parser_class=_Parser)
     webshop_sub.required = True
     serve = webshop_sub.add_parser(
-        "serve", help="serve the WebShop site (gunicorn) for envs with server_url=...",
+        "serve",
+        help="serve the WebShop site (gunicorn) for envs with server_url=...",
         description="Serve the WebShop site under gunicorn until SIGTERM/SIGINT. The store is loaded once "
-                    "and shared by the workers; GET /healthz answers when it is up.")
+        "and shared by the workers; GET /healthz answers when it is up.",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=port_number, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
     serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 8)")
-    serve.add_argument("--products", type=int, default=None,
-                       help="catalog size (default: all of it; the built-in catalog has 1,000)")
+    serve.add_argument(
+        "--products", type=int, default=None, help="catalog size (default: all of it; the built-in catalog has 1,000)"
+    )
     serve.add_argument("--data-dir", default=None, help="official WebShop files (default $WEBSHOP_DATA, else built-in)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.add_argument("--access-log", action="store_true", help="log every request to stderr")
@@ -183,9 +205,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _fail(prog, problem)
     try:
         summary = run_evaluation(
-            args.env, args.split, args.agent, episodes=args.episodes, workers=args.workers, seed=args.seed,
-            run_id=args.run_id, runs_dir=args.runs_dir, env_kwargs=env_kwargs, progress=not args.no_progress,
-            episode_timeout=args.episode_timeout, ray_address=args.ray, agent_options=agent_options,
+            args.env,
+            args.split,
+            args.agent,
+            episodes=args.episodes,
+            workers=args.workers,
+            seed=args.seed,
+            run_id=args.run_id,
+            runs_dir=args.runs_dir,
+            env_kwargs=env_kwargs,
+            progress=not args.no_progress,
+            episode_timeout=args.episode_timeout,
+            ray_address=args.ray,
+            agent_options=agent_options,
             batch_size=args.batch_size,
         )
     except EvaluationError as exc:
@@ -256,8 +288,15 @@ def _cmd_serve_model(args: argparse.Namespace) -> int:
     from envrl.agents.serve_model import serve
 
     # serve() reports a missing package, a busy port or an unloadable checkpoint itself (exit 1)
-    return serve(args.checkpoint, host=args.host, port=args.port, model_name=args.model_name,
-                 device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size)
+    return serve(
+        args.checkpoint,
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+    )
 
 
 # ---- data (official datasets) ------------------------------------------------------------
@@ -295,10 +334,14 @@ def _cmd_webshop_serve(args: argparse.Namespace) -> int:
     prog = "envrl webshop serve"
     try:
         options = server.ServeOptions(
-            host=args.host, port=args.port if args.port is not None else server.default_port(),
+            host=args.host,
+            port=args.port if args.port is not None else server.default_port(),
             workers=args.workers if args.workers is not None else server.default_workers(),
-            products=args.products, data_dir=args.data_dir,
-            log_level=args.log_level, access_log=args.access_log)
+            products=args.products,
+            data_dir=args.data_dir,
+            log_level=args.log_level,
+            access_log=args.access_log,
+        )
         options.check()
     except ValueError as exc:  # also a $WEBSHOP_PORT that is not a number
         return _fail(prog, str(exc))

@@ -86,13 +86,15 @@ class WorkerProcess:
     way it is reaped, so no zombie is left, and :attr:`reason` says why it ended.
     """
 
-    def __init__(self, ctx: BaseContext, target: Callable[..., Any], args: Sequence[Any] = (), *,
-                 name: str = "envrl-worker") -> None:
+    def __init__(
+        self, ctx: BaseContext, target: Callable[..., Any], args: Sequence[Any] = (), *, name: str = "envrl-worker"
+    ) -> None:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         # typeshed declares Process only on the concrete contexts, and get_context(str) gives
         # BaseContext; every context multiprocessing returns has it
         self.process: BaseProcess = ctx.Process(  # type: ignore[attr-defined]
-            target=target, args=(child_conn, *args), name=name)
+            target=target, args=(child_conn, *args), name=name
+        )
         self.process.start()
         child_conn.close()  # only the worker holds its end now: reads here see EOF when it dies
         self.conn = parent_conn

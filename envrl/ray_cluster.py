@@ -38,8 +38,17 @@ logger = logging.getLogger("envrl.ray")
 DEFAULT_NUM_CPUS = 0.5
 
 #: variables (names, or prefixes ending in ``_``) copied from the caller into every actor
-FORWARDED_PREFIXES = ("ENVRL_", "ALFWORLD_", "WEBSHOP_", "SCIENCEWORLD_", "TEXTWORLD_", "HF_", "OPENAI_",
-                      "JAVA_TOOL_OPTIONS", "PYTHONHASHSEED")
+FORWARDED_PREFIXES = (
+    "ENVRL_",
+    "ALFWORLD_",
+    "WEBSHOP_",
+    "SCIENCEWORLD_",
+    "TEXTWORLD_",
+    "HF_",
+    "OPENAI_",
+    "JAVA_TOOL_OPTIONS",
+    "PYTHONHASHSEED",
+)
 
 #: seconds to wait for a cluster's port to answer before giving up on it
 REACHABLE_TIMEOUT = 10.0

@@ -50,9 +50,16 @@ SPLITS = {
 class FakeEnv(TextEnv):
     """The box-opening env (see the module docstring for its tasks and failures on demand)."""
 
-    def __init__(self, split: str = "train", step_delay: float = 0.0, die_on: str | None = None,
-                 die_marker: str | None = None, die_always: bool = False, raise_on: str | None = None,
-                 render_mode: str | None = None):
+    def __init__(
+        self,
+        split: str = "train",
+        step_delay: float = 0.0,
+        die_on: str | None = None,
+        die_marker: str | None = None,
+        die_always: bool = False,
+        raise_on: str | None = None,
+        render_mode: str | None = None,
+    ):
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
         super().__init__(split, render_mode)
@@ -76,8 +83,12 @@ class FakeEnv(TextEnv):
                     Path(self.die_marker).touch()
                 os.kill(os.getpid(), signal.SIGKILL)
         self._goal = f"open box {task_id}"
-        return TaskStart(observation=f"You see box {task_id}.", task_type=self._types[task_id],
-                         instruction=f"Open box {task_id}.", admissible_actions=["look", self._goal])
+        return TaskStart(
+            observation=f"You see box {task_id}.",
+            task_type=self._types[task_id],
+            instruction=f"Open box {task_id}.",
+            admissible_actions=["look", self._goal],
+        )
 
     def _apply(self, action: str) -> StepResult:
         if self.step_delay:
@@ -86,13 +97,34 @@ class FakeEnv(TextEnv):
             raise RuntimeError("the fake engine exploded")
         admissible = ["look", self._goal]
         if action == self._goal:
-            return StepResult(observation="The box is open.", reward=1.0, terminated=True, valid_action=True,
-                              success=True, score=1.0, admissible_actions=admissible)
+            return StepResult(
+                observation="The box is open.",
+                reward=1.0,
+                terminated=True,
+                valid_action=True,
+                success=True,
+                score=1.0,
+                admissible_actions=admissible,
+            )
         if action == "look":
-            return StepResult(observation=f"You see box {self.task_id}.", reward=0.0, terminated=False,
-                              valid_action=True, success=False, score=0.5, admissible_actions=admissible)
-        return StepResult(observation=self.INVALID_FEEDBACK, reward=0.0, terminated=False, valid_action=False,
-                          success=False, score=0.0, admissible_actions=admissible)
+            return StepResult(
+                observation=f"You see box {self.task_id}.",
+                reward=0.0,
+                terminated=False,
+                valid_action=True,
+                success=False,
+                score=0.5,
+                admissible_actions=admissible,
+            )
+        return StepResult(
+            observation=self.INVALID_FEEDBACK,
+            reward=0.0,
+            terminated=False,
+            valid_action=False,
+            success=False,
+            score=0.0,
+            admissible_actions=admissible,
+        )
 
 
 if "envrl_test/EvalFake-v0" not in gym.registry:

@@ -195,8 +195,9 @@ def test_replaying_a_task_gives_the_same_episode(with_official_data):
 @pytest.mark.slow
 def test_handcoded_expert_with_put_wording(with_official_data):
     agent = make_agent("expert:handcoded")
-    env = gym.make("envrl/ALFWorld-v0", split="valid_seen", command_style="put", max_episode_steps=100,
-                   **agent.env_kwargs)
+    env = gym.make(
+        "envrl/ALFWorld-v0", split="valid_seen", command_style="put", max_episode_steps=100, **agent.env_kwargs
+    )
     for task_id in [t for t in env.unwrapped.task_ids if "pick_two" in t][:2]:
         reward, info = _play(env, agent, task_id)
         assert reward == 1.0, task_id

@@ -8,12 +8,21 @@ from envrl.evaluation import ResultStore, leaderboard, run_evaluation
 
 
 def test_expert_and_random_runs_on_official_games(with_official_data, tmp_path):
-    expert = run_evaluation("alfworld", "valid_seen", "expert", episodes=6, workers=2, runs_dir=tmp_path,
-                            progress=False)
+    expert = run_evaluation(
+        "alfworld", "valid_seen", "expert", episodes=6, workers=2, runs_dir=tmp_path, progress=False
+    )
     assert expert.episodes_done == 6 and expert.errors == 0
     assert expert.metrics.overall.success_rate == 1.0
-    random = run_evaluation("alfworld", "valid_seen", "random", episodes=4, workers=2, runs_dir=tmp_path,
-                            progress=False, env_kwargs={"max_episode_steps": 5})
+    random = run_evaluation(
+        "alfworld",
+        "valid_seen",
+        "random",
+        episodes=4,
+        workers=2,
+        runs_dir=tmp_path,
+        progress=False,
+        env_kwargs={"max_episode_steps": 5},
+    )
     assert random.episodes_done == 4
 
     episodes = ResultStore(tmp_path).load_episodes(expert.run_id)
@@ -31,6 +40,5 @@ def test_expert_and_random_runs_on_official_games(with_official_data, tmp_path):
     assert rows["random"]["episodes_done"] == 4 and rows["random"]["mean_turns"] == 5.0
 
     # the same command again resumes: nothing to play, nothing duplicated
-    again = run_evaluation("alfworld", "valid_seen", "expert", episodes=6, workers=2, runs_dir=tmp_path,
-                           progress=False)
+    again = run_evaluation("alfworld", "valid_seen", "expert", episodes=6, workers=2, runs_dir=tmp_path, progress=False)
     assert again.episodes_played == 0 and again.episodes_done == 6

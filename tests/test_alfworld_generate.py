@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -144,9 +143,20 @@ def test_candidates_are_the_same_in_another_process():
 def test_problems_follow_the_official_style():
     problem = generate.make_candidate("valid_seen", 3).game["pddl_problem"]  # a heat task
     for predicate in (
-        "receptacleType", "objectType", "canContain", "pickupable", "isReceptacleObject", "openable",
-        "atLocation agent1", "cleanable", "heatable", "coolable", "sliceable", "inReceptacle",
-        "receptacleAtLocation", "objectAtLocation",
+        "receptacleType",
+        "objectType",
+        "canContain",
+        "pickupable",
+        "isReceptacleObject",
+        "openable",
+        "atLocation agent1",
+        "cleanable",
+        "heatable",
+        "coolable",
+        "sliceable",
+        "inReceptacle",
+        "receptacleAtLocation",
+        "objectAtLocation",
     ):
         assert f"({predicate} " in problem, predicate
     assert "(:domain alfred)" in problem and "- otype" in problem and "- rtype" in problem
@@ -221,7 +231,11 @@ def _generate_in_subprocess(cache: Path, split: str, size: int, seed: str = "0")
     env = dict(os.environ, PYTHONHASHSEED=seed)
     return subprocess.Popen(
         [sys.executable, "-c", code, str(ROOT), str(cache), split, str(size)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
 
 

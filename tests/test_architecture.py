@@ -111,8 +111,9 @@ def test_the_import_graph_is_read():
 
 def test_no_import_cycles():
     graph = import_graph()
-    unknown = sorted({f"{module} -> {target}" for module, targets in graph.items() for target in targets
-                      if target not in MODULES})
+    unknown = sorted(
+        {f"{module} -> {target}" for module, targets in graph.items() for target in targets if target not in MODULES}
+    )
     assert not unknown, f"imports of envrl modules that do not exist: {unknown}"
     cycles = find_cycles(graph)
     described = ["; ".join(f"{m} -> {sorted(graph[m] & set(cycle))}" for m in cycle) for cycle in cycles]

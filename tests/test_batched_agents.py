@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envrl.agents import BatchedAgent, act_batch, is_batched
 from envrl.agents.llm import LLMAgent
@@ -24,8 +25,9 @@ class CountingPolicy:
     def act(self, observation: str, info: dict[str, Any]) -> str:
         raise AssertionError("a batched agent in a batch must not be asked one by one")
 
-    def act_together(self, agents: Sequence["CountingPolicy"], observations: Sequence[str],
-                     infos: Sequence[dict[str, Any]]) -> list[str]:
+    def act_together(
+        self, agents: Sequence[CountingPolicy], observations: Sequence[str], infos: Sequence[dict[str, Any]]
+    ) -> list[str]:
         CountingPolicy.calls.append([a.ident for a in agents])
         return [f"{a.ident}:{o}" for a, o in zip(agents, observations)]
 

@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
-
-from envrl import testing as fakes  # noqa: E402
-from envrl.evaluation.process_pool import ProcessPool  # noqa: E402
-
 from envrl import cli  # noqa: E402
+from envrl import testing as fakes  # noqa: E402
 from envrl.evaluation import runner as runner_module  # noqa: E402
+from envrl.evaluation.process_pool import ProcessPool  # noqa: E402
 from envrl.evaluation.runner import (  # noqa: E402
     SEED_LIMIT,
     agent_run_name,
@@ -68,20 +66,37 @@ def fake_agents(monkeypatch):
 
 
 def eval_args(runs_dir: Path, *extra: str, agent: str = "fake", episodes: str = "2") -> list[str]:
-    return ["eval", "--env", fakes.ENV_ID, "--split", "valid", "--agent", agent, "--episodes", episodes,
-            "--no-progress", "--runs-dir", str(runs_dir), *extra]
+    return [
+        "eval",
+        "--env",
+        fakes.ENV_ID,
+        "--split",
+        "valid",
+        "--agent",
+        agent,
+        "--episodes",
+        episodes,
+        "--no-progress",
+        "--runs-dir",
+        str(runs_dir),
+        *extra,
+    ]
 
 
 # ---- seeds -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed, episodes, needle", [
-    ("-5", "2", "seed must be in 0..4294967295 (numpy's range), got -5"),
-    (str(SEED_LIMIT), "1", f"got {SEED_LIMIT}"),
-    (str(SEED_LIMIT - 3), "5", "5 episodes need seed <= 4294967291"),
-])
-def test_seeds_outside_numpys_range_are_refused_before_anything_is_written(capsys, tmp_path, fake_agents, seed,
-                                                                           episodes, needle):
+@pytest.mark.parametrize(
+    "seed, episodes, needle",
+    [
+        ("-5", "2", "seed must be in 0..4294967295 (numpy's range), got -5"),
+        (str(SEED_LIMIT), "1", f"got {SEED_LIMIT}"),
+        (str(SEED_LIMIT - 3), "5", "5 episodes need seed <= 4294967291"),
+    ],
+)
+def test_seeds_outside_numpys_range_are_refused_before_anything_is_written(
+    capsys, tmp_path, fake_agents, seed, episodes, needle
+):
     runs_dir = tmp_path / "runs"
     code, _, err = cli_run(capsys, *eval_args(runs_dir, "--seed", seed, episodes=episodes))
     assert code == 2
@@ -109,16 +124,30 @@ def test_a_billion_episodes_are_streamed_not_listed(tmp_path, monkeypatch):
         first = [jobs.popleft() for _ in range(3)]
         seen["first"] = [(j.index, j.task_id, j.seed) for j in first]
         for job in first:
-            self.on_record(EpisodeRecord(run_id=self.run_id, episode_index=job.index, env_id=self.env_id,
-                                         split=self.split, task_id=job.task_id, task_type="pick", seed=job.seed,
-                                         agent=self.agent_label, success=True, score=1.0, turns=1,
-                                         valid_action_ratio=1.0, wall_time=0.0))
+            self.on_record(
+                EpisodeRecord(
+                    run_id=self.run_id,
+                    episode_index=job.index,
+                    env_id=self.env_id,
+                    split=self.split,
+                    task_id=job.task_id,
+                    task_type="pick",
+                    seed=job.seed,
+                    agent=self.agent_label,
+                    success=True,
+                    score=1.0,
+                    turns=1,
+                    valid_action_ratio=1.0,
+                    wall_time=0.0,
+                )
+            )
 
     monkeypatch.setattr(ProcessPool, "run", run)
     tracemalloc.start()
     try:
-        summary = run_evaluation(fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=10**9, seed=7, runs_dir=tmp_path,
-                                 progress=False)
+        summary = run_evaluation(
+            fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=10**9, seed=7, runs_dir=tmp_path, progress=False
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -143,21 +172,27 @@ def test_the_job_queue_skips_recorded_episodes_and_puts_retries_first():
 # ---- ports -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [
-    ["serve", "--port", "99999"],
-    ["serve", "--port", "-5"],
-    ["serve-model", "some-checkpoint", "--port", "65536"],
-    ["webshop", "serve", "--port", "99999"],
-    ["webshop", "serve", "--port", "-5"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--port", "99999"],
+        ["serve", "--port", "-5"],
+        ["serve-model", "some-checkpoint", "--port", "65536"],
+        ["webshop", "serve", "--port", "99999"],
+        ["webshop", "serve", "--port", "-5"],
+    ],
+)
 def test_every_server_refuses_a_port_out_of_range(capsys, argv, monkeypatch):
     from envrl.evaluation import web
 
     monkeypatch.setattr(web, "serve", lambda *a, **k: pytest.fail("serve() must not be called"))
     code, out, err = cli_run(capsys, *argv)
     assert code == 2 and out == ""
-    assert_one_line_error(err, f"envrl {' '.join(a for a in argv[:2] if not a.startswith(('-', 'some')))}",
-                          "argument --port: must be in 0..65535, got " + argv[-1])
+    assert_one_line_error(
+        err,
+        f"envrl {' '.join(a for a in argv[:2] if not a.startswith(('-', 'some')))}",
+        "argument --port: must be in 0..65535, got " + argv[-1],
+    )
 
 
 def test_a_port_that_is_not_a_number(capsys):
@@ -185,8 +220,10 @@ def test_default_run_ids_name_the_whole_agent_spec():
     assert agent_run_name("random", "random") == "random"
     assert agent_run_name("mine", "Other") == "mine-Other"
     assert agent_run_name(fakes.FakeAgent, "fake") == "fake"  # a callable has no spec to add
-    ids = {default_run_id("alfworld", "valid_seen", agent_run_name(spec, "expert"), 0)
-           for spec in ("expert", "expert:handcoded")}
+    ids = {
+        default_run_id("alfworld", "valid_seen", agent_run_name(spec, "expert"), 0)
+        for spec in ("expert", "expert:handcoded")
+    }
     assert ids == {"alfworld-valid_seen-expert-s0", "alfworld-valid_seen-expert_handcoded-s0"}
 
 
@@ -196,8 +233,10 @@ def test_agents_with_one_label_get_their_own_runs(capsys, tmp_path, fake_agents,
         code, out, err = cli_run(capsys, *eval_args(tmp_path, agent=agent))
         assert code == 0, err  # once: "run ... already exists with a different setup" (or a silent resume)
     runs = sorted(run["run_id"] for run in ResultStore(tmp_path).list_runs())
-    assert runs == [default_run_id(fakes.ENV_ID, "valid", "fake:v1", 0),
-                    default_run_id(fakes.ENV_ID, "valid", "fake:v2", 0)]
+    assert runs == [
+        default_run_id(fakes.ENV_ID, "valid", "fake:v1", 0),
+        default_run_id(fakes.ENV_ID, "valid", "fake:v2", 0),
+    ]
 
 
 def test_the_handcoded_expert_has_its_own_name():
@@ -215,12 +254,29 @@ def test_handcoded_expert_refuses_games_without_traj_data(capsys, tmp_path, with
     """The official train samples have no traj_data.json: every one would be an errored episode."""
     pytest.importorskip("textworld")
     runs_dir = tmp_path / "runs"
-    code, _, err = cli_run(capsys, "eval", "--env", "alfworld", "--split", "train", "--agent", "expert:handcoded",
-                           "--episodes", episodes, "--no-progress", "--runs-dir", str(runs_dir))
+    code, _, err = cli_run(
+        capsys,
+        "eval",
+        "--env",
+        "alfworld",
+        "--split",
+        "train",
+        "--agent",
+        "expert:handcoded",
+        "--episodes",
+        episodes,
+        "--no-progress",
+        "--runs-dir",
+        str(runs_dir),
+    )
     assert code == 2
     more = f" and {count - 3} more" if count > 3 else ""
-    assert_one_line_error(err, f"agent 'expert:handcoded' cannot play {count} of the {count} tasks of split 'train'",
-                          "needs traj_data.json", "official:train/")
+    assert_one_line_error(
+        err,
+        f"agent 'expert:handcoded' cannot play {count} of the {count} tasks of split 'train'",
+        "needs traj_data.json",
+        "official:train/",
+    )
     assert err.rstrip().endswith(more) if more else "more" not in err
     assert not runs_dir.exists()
 
@@ -262,8 +318,12 @@ def test_bad_input_leaves_the_store_as_it_was(capsys, tmp_path, fake_agents):
     code, _, err = cli_run(capsys, *eval_args(tmp_path))
     assert code == 0, err
     before = json.loads(cli_run(capsys, "leaderboard", "--runs", "--format", "json", "--runs-dir", str(tmp_path))[1])
-    refused = [eval_args(tmp_path, "--seed", "-1"), eval_args(tmp_path, episodes="0"),
-               eval_args(tmp_path, agent="nobody"), eval_args(tmp_path, "--seed", str(SEED_LIMIT - 1))]
+    refused = [
+        eval_args(tmp_path, "--seed", "-1"),
+        eval_args(tmp_path, episodes="0"),
+        eval_args(tmp_path, agent="nobody"),
+        eval_args(tmp_path, "--seed", str(SEED_LIMIT - 1)),
+    ]
     for args in refused:
         code, _, err = cli_run(capsys, *args)
         assert code == 2, (args, err)

@@ -9,7 +9,8 @@ built-in catalog, one generated TextWorld game and one ScienceWorld variation.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

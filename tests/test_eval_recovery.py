@@ -24,7 +24,6 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 
 from envrl import testing as fakes  # noqa: E402
-
 from envrl.evaluation import default_run_id, run_evaluation  # noqa: E402
 
 EPISODES = 16
@@ -50,9 +49,14 @@ def _start(tmp_path: Path, runs_dir: Path) -> subprocess.Popen:
     script = tmp_path / "run_eval.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, str(script), str(runs_dir), str(EPISODES), str(STEP_DELAY)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(runs_dir), str(EPISODES), str(STEP_DELAY)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def _complete_lines(path: Path) -> int:
@@ -92,8 +96,9 @@ def _check_exactly_once(runs_dir: Path, run_id: str, episodes: int) -> None:
     assert sorted(r["episode_index"] for r in journal) == list(range(episodes))
     conn = sqlite3.connect(runs_dir / "envrl.sqlite")
     try:
-        rows = conn.execute("SELECT episode_index, task_id, seed FROM episodes WHERE run_id = ? "
-                            "ORDER BY episode_index", (run_id,)).fetchall()
+        rows = conn.execute(
+            "SELECT episode_index, task_id, seed FROM episodes WHERE run_id = ? ORDER BY episode_index", (run_id,)
+        ).fetchall()
     finally:
         conn.close()
     assert rows == [(i, f"t{i % 5}", i) for i in range(episodes)]
@@ -141,16 +146,32 @@ def test_ctrl_c_stops_cleanly_and_resumes(tmp_path):
     assert 3 <= recorded < EPISODES
     assert journal.read_bytes().endswith(b"\n")
 
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=EPISODES, workers=2,
-                             runs_dir=runs_dir, env_kwargs={"step_delay": STEP_DELAY}, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=EPISODES,
+        workers=2,
+        runs_dir=runs_dir,
+        env_kwargs={"step_delay": STEP_DELAY},
+        progress=False,
+    )
     assert summary.episodes_played == EPISODES - recorded
     _check_exactly_once(runs_dir, RUN_ID, EPISODES)
 
 
 def test_worker_killed_mid_episode_is_replaced_and_retried(tmp_path, capsys):
     marker = tmp_path / "died-once"
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=2, runs_dir=tmp_path,
-                             env_kwargs={"die_on": "t2", "die_marker": str(marker)}, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=6,
+        workers=2,
+        runs_dir=tmp_path,
+        env_kwargs={"die_on": "t2", "die_marker": str(marker)},
+        progress=False,
+    )
     err = capsys.readouterr().err
     assert marker.exists()  # the worker did die once
     assert "died (killed by signal SIGKILL) during episode 2 (task t2" in err and "retrying" in err
@@ -160,8 +181,16 @@ def test_worker_killed_mid_episode_is_replaced_and_retried(tmp_path, capsys):
 
 
 def test_episode_that_always_kills_its_worker_is_recorded_as_failed(tmp_path, capsys):
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=2, runs_dir=tmp_path,
-                             env_kwargs={"die_on": "t2", "die_always": True}, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=6,
+        workers=2,
+        runs_dir=tmp_path,
+        env_kwargs={"die_on": "t2", "die_always": True},
+        progress=False,
+    )
     err = capsys.readouterr().err
     assert "died again" in err and "recording it as failed" in err
     assert summary.episodes_done == 6 and summary.errors == 1
@@ -171,14 +200,31 @@ def test_episode_that_always_kills_its_worker_is_recorded_as_failed(tmp_path, ca
     assert [r.success for r in summary.records if r.episode_index != 2] == [True, False, False, True, True]
     assert summary.metrics.overall.episodes == 6 and summary.metrics.overall.successes == 3
     # a re-run does not retry the recorded failure
-    again = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=2, runs_dir=tmp_path,
-                           env_kwargs={"die_on": "t2", "die_always": True}, progress=False)
+    again = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=6,
+        workers=2,
+        runs_dir=tmp_path,
+        env_kwargs={"die_on": "t2", "die_always": True},
+        progress=False,
+    )
     assert again.episodes_played == 0 and again.errors == 1
 
 
 def test_episode_timeout_kills_and_retries(tmp_path, capsys):
-    summary = run_evaluation(fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=2, workers=2, runs_dir=tmp_path,
-                             env_kwargs={"step_delay": 0.5}, episode_timeout=0.4, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "valid",
+        fakes.FakeAgent,
+        episodes=2,
+        workers=2,
+        runs_dir=tmp_path,
+        env_kwargs={"step_delay": 0.5},
+        episode_timeout=0.4,
+        progress=False,
+    )
     err = capsys.readouterr().err
     assert "timeout" in err
     assert summary.errors == 2
@@ -189,24 +235,51 @@ def test_episode_timeout_kills_and_retries(tmp_path, capsys):
 
 
 def _outcomes(summary):
-    return [(r.episode_index, r.task_id, r.success, r.turns, [s.action for s in r.trajectory], r.error)
-            for r in summary.records]
+    return [
+        (r.episode_index, r.task_id, r.success, r.turns, [s.action for s in r.trajectory], r.error)
+        for r in summary.records
+    ]
 
 
 def test_batched_workers_play_the_same_episodes_as_single_ones(tmp_path):
-    single = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=1, runs_dir=tmp_path,
-                            run_id="single", progress=False)
-    batched = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=2, batch_size=3,
-                             runs_dir=tmp_path, run_id="batched", progress=False)
+    single = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=7,
+        workers=1,
+        runs_dir=tmp_path,
+        run_id="single",
+        progress=False,
+    )
+    batched = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=7,
+        workers=2,
+        batch_size=3,
+        runs_dir=tmp_path,
+        run_id="batched",
+        progress=False,
+    )
     assert _outcomes(batched) == _outcomes(single)
     _check_exactly_once(tmp_path, "batched", 7)
 
 
 def test_a_worker_dying_mid_batch_retries_every_episode_it_was_playing(tmp_path, capsys):
     marker = tmp_path / "died-once"
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=1, batch_size=3,
-                             runs_dir=tmp_path, env_kwargs={"die_on": "t2", "die_marker": str(marker)},
-                             progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=6,
+        workers=1,
+        batch_size=3,
+        runs_dir=tmp_path,
+        env_kwargs={"die_on": "t2", "die_marker": str(marker)},
+        progress=False,
+    )
     err = capsys.readouterr().err
     assert marker.exists() and "during episode 2 (task t2" in err
     assert (summary.episodes_done, summary.errors) == (6, 0)
@@ -215,16 +288,33 @@ def test_a_worker_dying_mid_batch_retries_every_episode_it_was_playing(tmp_path,
 
 
 def test_an_exception_in_one_batched_env_ends_only_its_episode(tmp_path):
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=5, workers=1, batch_size=5,
-                             runs_dir=tmp_path, env_kwargs={"raise_on": "t3"}, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=5,
+        workers=1,
+        batch_size=5,
+        runs_dir=tmp_path,
+        env_kwargs={"raise_on": "t3"},
+        progress=False,
+    )
     errors = {r.episode_index: r.error for r in summary.records if r.error}
     assert list(errors) == [3] and "the fake engine exploded" in errors[3]
     assert [r.success for r in summary.records if r.episode_index != 3] == [True, False, True, True]
 
 
 def test_an_exception_in_one_batched_agent_ends_only_its_episode(tmp_path):
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.RaisingAgent, episodes=5, workers=1, batch_size=2,
-                             runs_dir=tmp_path, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.RaisingAgent,
+        episodes=5,
+        workers=1,
+        batch_size=2,
+        runs_dir=tmp_path,
+        progress=False,
+    )
     errors = {r.episode_index: r.error for r in summary.records if r.error}
     assert list(errors) == [1] and "the agent is confused" in errors[1]
     assert [r.success for r in summary.records if r.episode_index != 1] == [True, True, False, True]

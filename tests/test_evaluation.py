@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-
-from envrl import testing as fakes  # noqa: E402
-
 from envrl import cli  # noqa: E402
+from envrl import testing as fakes  # noqa: E402
 from envrl.evaluation import (  # noqa: E402
     EpisodeRecord,
     EvaluationError,
@@ -30,32 +28,65 @@ from envrl.evaluation import (  # noqa: E402
     default_run_id,
     leaderboard,
     leaderboard_data,
-    run_rows,
-    split_kind,
     read_jsonl,
     run_evaluation,
+    run_rows,
+    split_kind,
     summarize,
     wilson_interval,
 )
 from envrl.evaluation import runner as runner_module  # noqa: E402
 
-
 # ---- helpers ---------------------------------------------------------------------------
 
 
-def make_record(index: int, *, run_id: str = "r1", success: bool = True, score: float = 1.0, turns: int = 3,
-                ratio: float | None = 1.0, task_type: str = "pick", split: str = "train",
-                error: str | None = None) -> EpisodeRecord:
+def make_record(
+    index: int,
+    *,
+    run_id: str = "r1",
+    success: bool = True,
+    score: float = 1.0,
+    turns: int = 3,
+    ratio: float | None = 1.0,
+    task_type: str = "pick",
+    split: str = "train",
+    error: str | None = None,
+) -> EpisodeRecord:
     steps = [StepRecord(action=f"a{k}", observation=f"o{k}", reward=0.0, valid=True) for k in range(turns)]
-    return EpisodeRecord(run_id=run_id, episode_index=index, env_id="envrl/Fake-v0", split=split,
-                         task_id=f"t{index}", task_type=task_type, seed=index, agent="fake", success=success,
-                         score=score, turns=turns, valid_action_ratio=ratio, wall_time=0.01, error=error,
-                         trajectory=steps, initial_observation="start", finished_at=1.0 + index)
+    return EpisodeRecord(
+        run_id=run_id,
+        episode_index=index,
+        env_id="envrl/Fake-v0",
+        split=split,
+        task_id=f"t{index}",
+        task_type=task_type,
+        seed=index,
+        agent="fake",
+        success=success,
+        score=score,
+        turns=turns,
+        valid_action_ratio=ratio,
+        wall_time=0.01,
+        error=error,
+        trajectory=steps,
+        initial_observation="start",
+        finished_at=1.0 + index,
+    )
 
 
 def make_config(run_id: str = "r1", episodes: int = 10, **overrides) -> dict:
-    config = {"env": "fake", "env_id": "envrl/Fake-v0", "split": "train", "agent": "fake", "episodes": episodes,
-              "seed": 0, "env_kwargs": {}, "task_count": 5, "task_ids_sha256": "abc", "versions": {"x": "1"}}
+    config = {
+        "env": "fake",
+        "env_id": "envrl/Fake-v0",
+        "split": "train",
+        "agent": "fake",
+        "episodes": episodes,
+        "seed": 0,
+        "env_kwargs": {},
+        "task_count": 5,
+        "task_ids_sha256": "abc",
+        "versions": {"x": "1"},
+    }
     config.update(overrides)
     return config
 
@@ -63,8 +94,12 @@ def make_config(run_id: str = "r1", episodes: int = 10, **overrides) -> dict:
 def db_indices(runs_dir: Path, run_id: str) -> list[int]:
     conn = sqlite3.connect(runs_dir / "envrl.sqlite")
     try:
-        return [r[0] for r in conn.execute(
-            "SELECT episode_index FROM episodes WHERE run_id = ? ORDER BY episode_index", (run_id,))]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT episode_index FROM episodes WHERE run_id = ? ORDER BY episode_index", (run_id,)
+            )
+        ]
     finally:
         conn.close()
 
@@ -142,8 +177,9 @@ def test_store_round_trip(tmp_path):
         conn.close()
     run_dir = tmp_path / "r1"
     assert json.loads((run_dir / "config.json").read_text())["episodes"] == 10
-    assert [r.to_dict() for r in read_jsonl(run_dir / "episodes.jsonl")] == \
-        [make_record(i, success=i != 1).to_dict() for i in range(3)]
+    assert [r.to_dict() for r in read_jsonl(run_dir / "episodes.jsonl")] == [
+        make_record(i, success=i != 1).to_dict() for i in range(3)
+    ]
     assert store.load_episodes("r1") == [make_record(i, success=i != 1) for i in range(3)]
     assert db_indices(tmp_path, "r1") == [0, 1, 2]
     # at rest, one plain file: readers need not create -wal/-shm files
@@ -233,13 +269,16 @@ def test_default_runs_dir(monkeypatch, tmp_path):
 
 def test_default_run_id():
     assert default_run_id("alfworld", "valid_unseen", "expert", 0) == "alfworld-valid_unseen-expert-s0"
-    assert default_run_id("alfworld", "train", "hf:Qwen/Qwen2.5-1.5B-Instruct", 3) == \
-        "alfworld-train-hf_Qwen_Qwen2.5-1.5B-Instruct-s3"
+    assert (
+        default_run_id("alfworld", "train", "hf:Qwen/Qwen2.5-1.5B-Instruct", 3)
+        == "alfworld-train-hf_Qwen_Qwen2.5-1.5B-Instruct-s3"
+    )
 
 
 def test_run_plays_tasks_in_order_and_resumes(tmp_path):
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=2, seed=10,
-                             runs_dir=tmp_path, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=2, seed=10, runs_dir=tmp_path, progress=False
+    )
     assert (summary.episodes_done, summary.episodes_played, summary.errors) == (7, 7, 0)
     assert summary.run_id == default_run_id(fakes.ENV_ID, "train", "fake", 10)
     by_index = {r.episode_index: r for r in summary.records}
@@ -256,23 +295,42 @@ def test_run_plays_tasks_in_order_and_resumes(tmp_path):
     assert set(summary.metrics.by_task_type) == {"pick", "clean", "heat"}
     assert "ALL" in summary.format() and "heat" in summary.format()
 
-    again = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=2, seed=10,
-                           runs_dir=tmp_path, progress=False)
+    again = run_evaluation(
+        fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=2, seed=10, runs_dir=tmp_path, progress=False
+    )
     assert (again.episodes_played, again.episodes_done) == (0, 7)
-    more = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=9, workers=2, seed=10,
-                          runs_dir=tmp_path, progress=False)
+    more = run_evaluation(
+        fakes.ENV_ID, "train", fakes.FakeAgent, episodes=9, workers=2, seed=10, runs_dir=tmp_path, progress=False
+    )
     assert (more.episodes_played, more.episodes_done) == (2, 9)
     assert db_indices(tmp_path, more.run_id) == list(range(9))
     assert jsonl_indices(more.run_dir / "episodes.jsonl") == list(range(9))
     # the same run id with another setup is refused
     with pytest.raises(EvaluationError, match="different setup"):
-        run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=9, seed=10, runs_dir=tmp_path,
-                       run_id=more.run_id, env_kwargs={"step_delay": 0.001}, progress=False)
+        run_evaluation(
+            fakes.ENV_ID,
+            "train",
+            fakes.FakeAgent,
+            episodes=9,
+            seed=10,
+            runs_dir=tmp_path,
+            run_id=more.run_id,
+            env_kwargs={"step_delay": 0.001},
+            progress=False,
+        )
 
 
 def test_exceptions_in_an_episode_are_recorded(tmp_path):
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.RaisingAgent, episodes=5, workers=2,
-                             runs_dir=tmp_path, env_kwargs={"raise_on": "t3"}, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.RaisingAgent,
+        episodes=5,
+        workers=2,
+        runs_dir=tmp_path,
+        env_kwargs={"raise_on": "t3"},
+        progress=False,
+    )
     assert summary.episodes_done == 5 and summary.errors == 2
     by_task = {r.task_id: r for r in summary.records}
     assert by_task["t1"].error == "ValueError: the agent is confused"
@@ -283,8 +341,16 @@ def test_exceptions_in_an_episode_are_recorded(tmp_path):
 
 
 def test_agent_env_kwargs_reach_gym_make(tmp_path):
-    summary = run_evaluation(fakes.ENV_ID, "valid", fakes.KwargsAgent, episodes=2, workers=1,
-                             runs_dir=tmp_path, env_kwargs={"max_episode_steps": 4}, progress=False)
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "valid",
+        fakes.KwargsAgent,
+        episodes=2,
+        workers=1,
+        runs_dir=tmp_path,
+        env_kwargs={"max_episode_steps": 4},
+        progress=False,
+    )
     config = json.loads((summary.run_dir / "config.json").read_text())
     assert config["env_kwargs"] == {"step_delay": 0.0, "max_episode_steps": 4}
     assert config["versions"]["gymnasium"]
@@ -295,14 +361,22 @@ def test_workers_see_the_callers_environment_at_each_run(tmp_path, monkeypatch):
     """A forkserver freezes its environment when it starts; workers must not read a stale one
     (CI once ran builtin games with an ALFWORLD_DATA left over from an earlier test's run)."""
     monkeypatch.delenv("ENVRL_FAKE_RAISE_ON", raising=False)
-    first = run_evaluation(fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=2, workers=1,
-                           runs_dir=tmp_path, run_id="before", progress=False)
+    first = run_evaluation(
+        fakes.ENV_ID,
+        "valid",
+        fakes.FakeAgent,
+        episodes=2,
+        workers=1,
+        runs_dir=tmp_path,
+        run_id="before",
+        progress=False,
+    )
     assert first.errors == 0
     monkeypatch.setenv("ENVRL_FAKE_RAISE_ON", "v0")
-    second = run_evaluation(fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=2, workers=1,
-                            runs_dir=tmp_path, run_id="after", progress=False)
-    assert {r.task_id: r.error for r in second.records} == {"v0": "RuntimeError: the fake engine exploded",
-                                                            "v1": None}
+    second = run_evaluation(
+        fakes.ENV_ID, "valid", fakes.FakeAgent, episodes=2, workers=1, runs_dir=tmp_path, run_id="after", progress=False
+    )
+    assert {r.task_id: r.error for r in second.records} == {"v0": "RuntimeError: the fake engine exploded", "v1": None}
 
 
 def test_bad_input_raises_evaluation_error(tmp_path):
@@ -313,8 +387,7 @@ def test_bad_input_raises_evaluation_error(tmp_path):
     with pytest.raises(EvaluationError, match="episodes"):
         run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=0, runs_dir=tmp_path, progress=False)
     with pytest.raises(EvaluationError, match="workers"):
-        run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=1, workers=0, runs_dir=tmp_path,
-                       progress=False)
+        run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=1, workers=0, runs_dir=tmp_path, progress=False)
 
 
 # ---- leaderboard -----------------------------------------------------------------------
@@ -324,8 +397,16 @@ def _two_runs(runs_dir: Path) -> None:
     store = ResultStore(runs_dir)
     with store.open_run("good-run", make_config("good-run", episodes=12, agent="expert")) as writer:
         for i in range(10):
-            writer.append(make_record(i, run_id="good-run", success=i < 7, score=1.0 if i < 7 else 0.0,
-                                      turns=4 if i < 7 else 10, ratio=0.5))
+            writer.append(
+                make_record(
+                    i,
+                    run_id="good-run",
+                    success=i < 7,
+                    score=1.0 if i < 7 else 0.0,
+                    turns=4 if i < 7 else 10,
+                    ratio=0.5,
+                )
+            )
     with store.open_run("bad-run", make_config("bad-run", episodes=2, agent="random")) as writer:
         writer.append(make_record(0, run_id="bad-run", success=False, score=0.0, turns=10, ratio=0.25))
 
@@ -364,22 +445,33 @@ def _agent_runs(runs_dir: Path, runs: list[tuple[str, str, str, int, int, dict]]
     """Runs of (run id, split, agent, successes, episodes, config overrides) on env "alfworld"."""
     store = ResultStore(runs_dir)
     for run_id, split, agent, successes, episodes, overrides in runs:
-        config = make_config(run_id, episodes=episodes, env="alfworld", env_id="envrl/ALFWorld-v0", split=split,
-                             agent=agent, **{"step_limit": 50, **overrides})
+        config = make_config(
+            run_id,
+            episodes=episodes,
+            env="alfworld",
+            env_id="envrl/ALFWorld-v0",
+            split=split,
+            agent=agent,
+            **{"step_limit": 50, **overrides},
+        )
         with store.open_run(run_id, config) as writer:
             for i in range(episodes):
-                writer.append(make_record(i, run_id=run_id, split=split, success=i < successes,
-                                          turns=5 if i < successes else 50))
+                writer.append(
+                    make_record(i, run_id=run_id, split=split, success=i < successes, turns=5 if i < successes else 50)
+                )
 
 
 def test_agent_leaderboard_ranks_per_column_with_id_and_ood_side_by_side(tmp_path):
-    _agent_runs(tmp_path, [
-        ("a-seen", "valid_seen", "agent-a", 8, 10, {}),
-        ("a-unseen", "valid_unseen", "agent-a", 5, 10, {}),
-        ("b-seen", "valid_seen", "agent-b", 9, 10, {}),
-        ("b-unseen", "valid_unseen", "agent-b", 5, 10, {}),
-        ("c-unseen", "valid_unseen", "agent-c", 7, 10, {"step_limit": 30}),  # another protocol
-    ])
+    _agent_runs(
+        tmp_path,
+        [
+            ("a-seen", "valid_seen", "agent-a", 8, 10, {}),
+            ("a-unseen", "valid_unseen", "agent-a", 5, 10, {}),
+            ("b-seen", "valid_seen", "agent-b", 9, 10, {}),
+            ("b-unseen", "valid_unseen", "agent-b", 5, 10, {}),
+            ("c-unseen", "valid_unseen", "agent-c", 7, 10, {"step_limit": 30}),  # another protocol
+        ],
+    )
     data = leaderboard_data(tmp_path)
     measured = [c["key"] for c in data["columns"] if c["env"] == "alfworld"]
     assert measured == ["alfworld/valid_seen", "alfworld/valid_unseen"]  # ID before OOD
@@ -401,9 +493,9 @@ def test_agent_leaderboard_ranks_per_column_with_id_and_ood_side_by_side(tmp_pat
 
     text = leaderboard(tmp_path, "text")
     assert "valid_seen (ID) success %" in text and "valid_unseen (OOD) success %" in text
-    line = next(l for l in text.splitlines() if l.startswith("agent-c"))
+    line = next(row for row in text.splitlines() if row.startswith("agent-c"))
     assert "70.0 [39.7, 89.2] (unranked)" in line
-    line = next(l for l in text.splitlines() if l.startswith("agent-b"))
+    line = next(row for row in text.splitlines() if row.startswith("agent-b"))
     assert "#1 90.0 [59.6, 98.2]" in line and "#1 50.0 [23.7, 76.3]" in line
 
 
@@ -425,18 +517,25 @@ def test_reported_rows_are_marked_and_never_ranked(tmp_path):
 
 
 def test_one_row_per_agent_setting(tmp_path):
-    _agent_runs(tmp_path, [
-        ("greedy", "valid_seen", "hf:m", 5, 10, {"agent_protocol": {"sampling": {"temperature": 0.0}}}),
-        ("sampled", "valid_seen", "hf:m", 6, 10, {"agent_protocol": {"sampling": {"temperature": 0.7}}}),
-    ])
+    _agent_runs(
+        tmp_path,
+        [
+            ("greedy", "valid_seen", "hf:m", 5, 10, {"agent_protocol": {"sampling": {"temperature": 0.0}}}),
+            ("sampled", "valid_seen", "hf:m", 6, 10, {"agent_protocol": {"sampling": {"temperature": 0.7}}}),
+        ],
+    )
     data = leaderboard_data(tmp_path, include_reported=False)
     assert sorted(r["agent"] for r in data["rows"]) == ["hf:m (setting 1)", "hf:m (setting 2)"]
     assert any("hf:m was run with 2 different agent settings" in n for n in data["notes"])
 
 
 def test_split_kinds():
-    assert [split_kind("alfworld", s) for s in ("train", "valid_seen", "valid_unseen", "ood_objects")] == \
-        ["ID", "ID", "OOD", "OOD"]
+    assert [split_kind("alfworld", s) for s in ("train", "valid_seen", "valid_unseen", "ood_objects")] == [
+        "ID",
+        "ID",
+        "OOD",
+        "OOD",
+    ]
     assert split_kind("webshop", "test_ood") == "OOD" and split_kind("webshop", "test") == "ID"
     assert split_kind("scienceworld", "test") == "OOD" and split_kind("textworld", "valid") == "ID"
     assert split_kind("plugin", "my_ood") == "OOD" and split_kind("plugin", "dev") == "ID"
@@ -490,12 +589,12 @@ def test_cli_bad_input(capsys, tmp_path, fake_agents):
     code, _, err = _cli(capsys, *base, "--env", fakes.ENV_ID, "--split", "train", "--agent", "gpt-17")
     assert code == 2
     _assert_one_line_error(err, "unknown agent", "gpt-17")
-    code, _, err = _cli(capsys, "eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "fake",
-                        "--episodes", "0")
+    code, _, err = _cli(capsys, "eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "fake", "--episodes", "0")
     assert code == 2
     _assert_one_line_error(err, "--episodes must be >= 1")
-    code, _, err = _cli(capsys, "eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "fake",
-                        "--episodes", "ten")
+    code, _, err = _cli(
+        capsys, "eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "fake", "--episodes", "ten"
+    )
     assert code == 2
     _assert_one_line_error(err, "invalid int value")
     code, _, err = _cli(capsys, "leaderboard", "--format", "html")
@@ -513,19 +612,49 @@ def test_cli_unknown_agent_with_real_agents(capsys, tmp_path):
 
     if not hasattr(agents, "make_agent"):
         pytest.skip("envrl.agents.make_agent is not there yet")
-    code, _, err = _cli(capsys, "eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "no-such-agent",
-                        "--episodes", "1", "--runs-dir", str(tmp_path))
+    code, _, err = _cli(
+        capsys,
+        "eval",
+        "--env",
+        fakes.ENV_ID,
+        "--split",
+        "train",
+        "--agent",
+        "no-such-agent",
+        "--episodes",
+        "1",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert code == 2
     _assert_one_line_error(err, "no-such-agent")
 
 
 def test_cli_eval_and_leaderboard(capsys, tmp_path, fake_agents):
-    code, out, err = _cli(capsys, "eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "fake",
-                          "--episodes", "5", "--workers", "2", "--seed", "1", "--runs-dir", str(tmp_path),
-                          "--max-steps", "5", "--no-progress")
+    code, out, err = _cli(
+        capsys,
+        "eval",
+        "--env",
+        fakes.ENV_ID,
+        "--split",
+        "train",
+        "--agent",
+        "fake",
+        "--episodes",
+        "5",
+        "--workers",
+        "2",
+        "--seed",
+        "1",
+        "--runs-dir",
+        str(tmp_path),
+        "--max-steps",
+        "5",
+        "--no-progress",
+    )
     assert code == 0, err
     assert "episodes: 5/5 recorded" in out
-    table = out[out.index("task type"):].splitlines()
+    table = out[out.index("task type") :].splitlines()
     assert table[2].split()[:3] == ["ALL", "5", "60.0"]
     assert {line.split()[0] for line in table[3:]} == {"pick", "clean", "heat"}
     run_id = default_run_id(fakes.ENV_ID, "train", "fake", 1)
@@ -551,8 +680,23 @@ def test_cli_data_calls_the_downloader(capsys, monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_alfworld_expert_two_episodes(capsys, tmp_path):
-    code, out, err = _cli(capsys, "eval", "--env", "alfworld", "--split", "valid_unseen", "--agent", "expert",
-                          "--episodes", "2", "--workers", "2", "--runs-dir", str(tmp_path), "--no-progress")
+    code, out, err = _cli(
+        capsys,
+        "eval",
+        "--env",
+        "alfworld",
+        "--split",
+        "valid_unseen",
+        "--agent",
+        "expert",
+        "--episodes",
+        "2",
+        "--workers",
+        "2",
+        "--runs-dir",
+        str(tmp_path),
+        "--no-progress",
+    )
     assert code == 0, err
     (row,) = json.loads(leaderboard(tmp_path, "json", runs=True))
     assert (row["env_id"], row["split"], row["agent"]) == ("envrl/ALFWorld-v0", "valid_unseen", "expert")

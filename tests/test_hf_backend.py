@@ -13,8 +13,10 @@ from envrl.agents.generation import Backend, SamplingConfig  # noqa: E402
 from envrl.agents.hf import HFBackend  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=24)
-OBSERVATION = ("You are in the middle of a room. Looking quickly around you, you see a cabinet 1, "
-               "a countertop 2, a drawer 3, a fridge 1, and a sinkbasin 1.")
+OBSERVATION = (
+    "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, "
+    "a countertop 2, a drawer 3, a fridge 1, and a sinkbasin 1."
+)
 
 
 def chat(user: str, system: str = "You are an expert agent. Answer with <action>...</action>.") -> list[dict[str, str]]:
@@ -52,8 +54,9 @@ def test_is_a_backend(backend):
 
 def test_render_with_chat_template(backend):
     text = backend.render([{"role": "system", "content": "S"}, {"role": "user", "content": "go to cabinet 1"}])
-    assert text == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\ngo to cabinet 1<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\ngo to cabinet 1<|im_end|>\n<|im_start|>assistant\n"
+    )
     rendered = backend.render(PROMPTS[0])
     assert backend.encode(PROMPTS[0]) == backend.tokenizer(rendered, add_special_tokens=False).input_ids
 
@@ -90,7 +93,7 @@ def test_generations_keep_their_tokens_and_logprobs(backend, sampling):
         assert backend.tokenizer.decode(body, skip_special_tokens=True) == gen.text
         ids = torch.tensor([gen.prompt_token_ids + gen.token_ids])
         with torch.no_grad():
-            logits = backend._model(ids).logits[0, len(gen.prompt_token_ids) - 1:-1].float() / temperature
+            logits = backend._model(ids).logits[0, len(gen.prompt_token_ids) - 1 : -1].float() / temperature
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(gen.token_ids)[:, None])[:, 0]
         assert gen.token_logprobs == pytest.approx(expected.tolist(), abs=1e-4)
         if sampling is GREEDY:  # greedy picks the most likely token each time
@@ -160,12 +163,18 @@ def test_eos_gives_stop(tiny_checkpoint):
 
 def test_mixed_stop_and_length_in_one_batch(backend, monkeypatch):
     """One prompt ends early (a stop id), its batch-mate runs on: counts and texts stay per prompt."""
+
     def greedy_ids(messages, n=12):
         ids = torch.tensor([backend.encode(messages)], device=backend.device)
         with torch.inference_mode():
-            out = backend._model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                          do_sample=False, eos_token_id=list(backend.stop_ids))
-        return out[0, ids.shape[1]:].tolist()
+            out = backend._model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                do_sample=False,
+                eos_token_id=list(backend.stop_ids),
+            )
+        return out[0, ids.shape[1] :].tolist()
 
     first, second = greedy_ids(PROMPTS[0]), greedy_ids(PROMPTS[1])
     assert len(first) == len(second) == 12
@@ -240,8 +249,14 @@ def test_protocol(backend, plain_backend, tiny_checkpoint):
     for name in ("config.json", "model.safetensors"):
         digest.update(f"{name}\0{hashlib.sha256((tiny_checkpoint / name).read_bytes()).hexdigest()}\n".encode())
     assert p == {
-        "backend": "hf", "model": str(tiny_checkpoint), "revision": None, "weights_sha256": digest.hexdigest(),
-        "dtype": "float32", "device": backend.device, "chat_template": True, "context_length": 512,
+        "backend": "hf",
+        "model": str(tiny_checkpoint),
+        "revision": None,
+        "weights_sha256": digest.hexdigest(),
+        "dtype": "float32",
+        "device": backend.device,
+        "chat_template": True,
+        "context_length": 512,
         "max_batch_size": 16,
     }
     q = plain_backend.protocol()

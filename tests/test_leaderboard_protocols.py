@@ -13,17 +13,40 @@ import pytest
 
 from envrl.evaluation import EpisodeRecord, ResultStore, StepRecord, leaderboard_data
 
-BASE_CONFIG = {"env": "alfworld", "env_id": "envrl/ALFWorld-v0", "split": "valid_seen", "episodes": 10, "seed": 0,
-               "env_kwargs": {}, "step_limit": 50, "task_count": 140, "task_ids_sha256": "abc",
-               "versions": {"alfworld": "0.4.2", "envrl": "0.1.0"}}
+BASE_CONFIG = {
+    "env": "alfworld",
+    "env_id": "envrl/ALFWorld-v0",
+    "split": "valid_seen",
+    "episodes": 10,
+    "seed": 0,
+    "env_kwargs": {},
+    "step_limit": 50,
+    "task_count": 140,
+    "task_ids_sha256": "abc",
+    "versions": {"alfworld": "0.4.2", "envrl": "0.1.0"},
+}
 
 
 def _record(run_id: str, index: int, success: bool) -> EpisodeRecord:
-    return EpisodeRecord(run_id=run_id, episode_index=index, env_id="envrl/ALFWorld-v0", split="valid_seen",
-                         task_id=f"t{index}", task_type="pick", seed=index, agent=run_id, success=success,
-                         score=float(success), turns=5, valid_action_ratio=1.0, wall_time=0.01, error=None,
-                         trajectory=[StepRecord(action="look", observation="o", reward=0.0, valid=True)],
-                         initial_observation="start", finished_at=1.0 + index)
+    return EpisodeRecord(
+        run_id=run_id,
+        episode_index=index,
+        env_id="envrl/ALFWorld-v0",
+        split="valid_seen",
+        task_id=f"t{index}",
+        task_type="pick",
+        seed=index,
+        agent=run_id,
+        success=success,
+        score=float(success),
+        turns=5,
+        valid_action_ratio=1.0,
+        wall_time=0.01,
+        error=None,
+        trajectory=[StepRecord(action="look", observation="o", reward=0.0, valid=True)],
+        initial_observation="start",
+        finished_at=1.0 + index,
+    )
 
 
 def _write_run(runs_dir: Path, agent: str, successes: int, **overrides) -> None:
@@ -52,8 +75,9 @@ def test_a_run_under_another_protocol_is_not_ranked(tmp_path, difference, note):
     assert (cells["agent-b"]["rank"], cells["agent-a"]["rank"]) == (1, 2)
     odd = cells["agent-odd"]
     assert odd["rank"] is None and odd["protocol_note"] == note
-    assert odd["success_rate"] == pytest.approx(10 / BASE_CONFIG["episodes"] if "episodes" not in difference
-                                                else 10 / 12)
+    assert odd["success_rate"] == pytest.approx(
+        10 / BASE_CONFIG["episodes"] if "episodes" not in difference else 10 / 12
+    )
 
 
 def test_envrls_own_version_does_not_split_the_protocol(tmp_path):

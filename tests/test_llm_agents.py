@@ -21,8 +21,10 @@ OPTIONS = {"max_new_tokens": 16}
 
 
 def _trajectories(summary):
-    return [[(step.action, (step.agent_info or {}).get("response")) for step in record.trajectory]
-            for record in summary.records]
+    return [
+        [(step.action, (step.agent_info or {}).get("response")) for step in record.trajectory]
+        for record in summary.records
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +57,16 @@ def test_hf_agent_batched_equals_unbatched_and_records_every_response(tiny_check
     assert record.turns == 3
     for step in record.trajectory:
         info = step.agent_info
-        assert set(info) >= {"response", "think", "format_valid", "format_problem", "prompt_tokens",
-                             "completion_tokens", "latency", "finish_reason"}
+        assert set(info) >= {
+            "response",
+            "think",
+            "format_valid",
+            "format_problem",
+            "prompt_tokens",
+            "completion_tokens",
+            "latency",
+            "finish_reason",
+        }
         assert 0 < info["completion_tokens"] <= OPTIONS["max_new_tokens"] and info["prompt_tokens"] > 100
         if not info["format_valid"]:  # a random model rarely writes the tags: the empty action, env feedback
             assert step.action == "" and not step.valid
@@ -65,8 +75,10 @@ def test_hf_agent_batched_equals_unbatched_and_records_every_response(tiny_check
     assert stats["format_invalid"] == sum(not s.agent_info["format_valid"] for s in record.trajectory)
     assert stats["completion_tokens"] == sum(s.agent_info["completion_tokens"] for s in record.trajectory)
 
-    assert f"model responses: 12 ({100 * sum(r.agent_stats['format_invalid'] for r in batched.records) / 12:.1f}% " \
+    assert (
+        f"model responses: 12 ({100 * sum(r.agent_stats['format_invalid'] for r in batched.records) / 12:.1f}% "
         "format-invalid, 0 failed requests)" in batched.format()
+    )
 
     config = ResultStore(tmp_path).get_run("batched")
     protocol = config["agent_protocol"]
@@ -79,8 +91,9 @@ def test_hf_agent_batched_equals_unbatched_and_records_every_response(tiny_check
 
 
 def test_openai_agent_through_serve_model_matches_the_hf_agent(tiny_checkpoint, served_model, tmp_path):
-    common = dict(episodes=4, runs_dir=tmp_path, env_kwargs=ENV_KWARGS, agent_options=OPTIONS, progress=False,
-                  batch_size=4)
+    common = dict(
+        episodes=4, runs_dir=tmp_path, env_kwargs=ENV_KWARGS, agent_options=OPTIONS, progress=False, batch_size=4
+    )
     local = run_evaluation("webshop", "test", f"hf:{tiny_checkpoint}", run_id="hf", **common)
     remote = run_evaluation("webshop", "test", f"openai:tiny@{served_model}", run_id="openai", **common)
     assert remote.errors == 0
@@ -88,8 +101,9 @@ def test_openai_agent_through_serve_model_matches_the_hf_agent(tiny_checkpoint, 
     steps = [s for r in remote.records for s in r.trajectory]
     assert all(s.agent_info["attempts"] == 1 and "error" not in s.agent_info for s in steps)
     remote_tokens = [(s.agent_info["prompt_tokens"], s.agent_info["completion_tokens"]) for s in steps]
-    local_tokens = [(s.agent_info["prompt_tokens"], s.agent_info["completion_tokens"])
-                    for r in local.records for s in r.trajectory]
+    local_tokens = [
+        (s.agent_info["prompt_tokens"], s.agent_info["completion_tokens"]) for r in local.records for s in r.trajectory
+    ]
     assert remote_tokens == local_tokens  # usage on the wire equals the local count
     protocol = ResultStore(tmp_path).get_run("openai")["agent_protocol"]
     assert protocol["backend"]["backend"] == "openai" and protocol["backend"]["base_url"] == served_model
@@ -99,14 +113,24 @@ def test_a_dead_server_gives_failed_steps_not_a_crashed_run(tmp_path):
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    summary = run_evaluation("webshop", "test", f"openai:nobody@http://127.0.0.1:{port}/v1", episodes=2,
-                             runs_dir=tmp_path, env_kwargs=ENV_KWARGS, progress=False, batch_size=2,
-                             agent_options={"max_retries": 1, "timeout": 2.0})
+    summary = run_evaluation(
+        "webshop",
+        "test",
+        f"openai:nobody@http://127.0.0.1:{port}/v1",
+        episodes=2,
+        runs_dir=tmp_path,
+        env_kwargs=ENV_KWARGS,
+        progress=False,
+        batch_size=2,
+        agent_options={"max_retries": 1, "timeout": 2.0},
+    )
     assert summary.errors == 0 and summary.episodes_done == 2  # the episodes ran to their step limit
     for record in summary.records:
         assert record.turns == 3 and not record.success
-        assert all(s.action == "" and s.agent_info["attempts"] == 2 and "after 2 attempts" in s.agent_info["error"]
-                   for s in record.trajectory)
+        assert all(
+            s.action == "" and s.agent_info["attempts"] == 2 and "after 2 attempts" in s.agent_info["error"]
+            for s in record.trajectory
+        )
         assert record.agent_stats["failed_requests"] == 3
     line = (tmp_path / summary.run_id / "episodes.jsonl").read_text().splitlines()[0]
     assert "after 2 attempts" in json.dumps(json.loads(line)["trajectory"][0]["agent_info"])
@@ -116,8 +140,15 @@ def test_bad_llm_agent_input_fails_fast_with_one_line(tmp_path, monkeypatch):
     from envrl.evaluation import EvaluationError
 
     with pytest.raises(EvaluationError, match="unknown prompt template 'nope'"):
-        run_evaluation("webshop", "test", "hf:/no/such/model", episodes=1, runs_dir=tmp_path, progress=False,
-                       agent_options={"template": "nope"})
+        run_evaluation(
+            "webshop",
+            "test",
+            "hf:/no/such/model",
+            episodes=1,
+            runs_dir=tmp_path,
+            progress=False,
+            agent_options={"template": "nope"},
+        )
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(EvaluationError, match="OPENAI_API_KEY"):
         run_evaluation("webshop", "test", "openai:gpt-4o-mini", episodes=1, runs_dir=tmp_path, progress=False)

@@ -12,9 +12,10 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -208,8 +209,13 @@ def test_valid_completion_and_request_body(serve, backend):
     generation, elapsed = one(llm, SamplingConfig(temperature=0.7, top_p=0.9, max_new_tokens=17))
 
     assert generation == Generation(
-        text="open door", finish_reason="stop", prompt_tokens=11, completion_tokens=3,
-        latency=generation.latency, attempts=1, error=None,
+        text="open door",
+        finish_reason="stop",
+        prompt_tokens=11,
+        completion_tokens=3,
+        latency=generation.latency,
+        attempts=1,
+        error=None,
     )
     assert 0 < generation.latency <= elapsed < 5
     [seen] = server.requests
@@ -431,8 +437,12 @@ def test_stats_count_attempts_retries_and_failures(serve, backend):
     assert [r.attempts for r in results] == [1, 2, 1]
     assert [r.error is None for r in results] == [True, True, False]
     assert llm.stats() == {
-        "requests": 3, "attempts": 4, "retries": 1, "failed_requests": 1,
-        "prompt_tokens": 20, "completion_tokens": 4,
+        "requests": 3,
+        "attempts": 4,
+        "retries": 1,
+        "failed_requests": 1,
+        "prompt_tokens": 20,
+        "completion_tokens": 4,
     }
 
 
@@ -475,8 +485,11 @@ def test_protocol(monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", "http://elsewhere:1/v1")  # must not redirect the official API
     with OpenAIBackend("gpt-4o-mini", max_retries=2, timeout=30) as llm:
         assert llm.protocol() == {
-            "backend": "openai", "model": "gpt-4o-mini", "base_url": OFFICIAL_BASE_URL,
-            "max_retries": 2, "timeout": 30.0,
+            "backend": "openai",
+            "model": "gpt-4o-mini",
+            "base_url": OFFICIAL_BASE_URL,
+            "max_retries": 2,
+            "timeout": 30.0,
         }
         assert str(llm._client.base_url).startswith(OFFICIAL_BASE_URL)
     with OpenAIBackend("m", "http://localhost:8000/v1?api-version=1#frag") as llm:
@@ -521,7 +534,10 @@ def test_close_is_idempotent_and_final(serve):
         ("  gpt-4o-mini  ", ("gpt-4o-mini", None)),
         ("qwen2.5-1.5b@http://localhost:8000/v1", ("qwen2.5-1.5b", "http://localhost:8000/v1")),
         ("llama3.1:8b@http://127.0.0.1:11434/v1", ("llama3.1:8b", "http://127.0.0.1:11434/v1")),
-        ("Qwen/Qwen2.5-7B-Instruct@https://llm.example.com/v1", ("Qwen/Qwen2.5-7B-Instruct", "https://llm.example.com/v1")),
+        (
+            "Qwen/Qwen2.5-7B-Instruct@https://llm.example.com/v1",
+            ("Qwen/Qwen2.5-7B-Instruct", "https://llm.example.com/v1"),
+        ),
         ("org/model:tag@HTTPS://h.example/v1", ("org/model:tag", "HTTPS://h.example/v1")),
         ("claude-3-5-sonnet@20240620", ("claude-3-5-sonnet@20240620", None)),
         ("vertex@2024@http://[::1]:8000/v1", ("vertex@2024", "http://[::1]:8000/v1")),
@@ -566,8 +582,10 @@ def test_per_prompt_seeds_go_into_each_request(serve, backend):
 @pytest.mark.parametrize(
     "logprobs, expected",
     [
-        ({"content": [{"token": "token_id:5", "logprob": -0.5}, {"token": "token_id:7", "logprob": 0}]},
-         ([5, 7], [-0.5, 0.0])),
+        (
+            {"content": [{"token": "token_id:5", "logprob": -0.5}, {"token": "token_id:7", "logprob": 0}]},
+            ([5, 7], [-0.5, 0.0]),
+        ),
         ({"content": [{"token": "Hel", "logprob": -0.5}, {"token": "lo", "logprob": -1.0}]}, (None, [-0.5, -1.0])),
         ({"content": [{"token": "token_id:5", "logprob": "x"}]}, (None, None)),
         ({"content": [{"token": "token_id:5", "logprob": True}]}, (None, None)),

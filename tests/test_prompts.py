@@ -24,10 +24,18 @@ from envrl.agents.prompts import (
 
 def test_think_action_prompt_is_exactly_the_template_filled_in():
     template = load_template("think-action")
-    history = [Turn("You arrive at drawer 1.", "open drawer 1", "look inside"),
-               Turn("You open the drawer 1. It is empty.", "go to shelf 1")]
-    messages = template.build_messages("alfworld", "put a mug on the shelf.", "You arrive at shelf 1.",
-                                       ["take mug 1 from shelf 1", "look"], history, turn=5)
+    history = [
+        Turn("You arrive at drawer 1.", "open drawer 1", "look inside"),
+        Turn("You open the drawer 1. It is empty.", "go to shelf 1"),
+    ]
+    messages = template.build_messages(
+        "alfworld",
+        "put a mug on the shelf.",
+        "You arrive at shelf 1.",
+        ["take mug 1 from shelf 1", "look"],
+        history,
+        turn=5,
+    )
     assert [m["role"] for m in messages] == ["system", "user"]
     assert messages[0]["content"] == template.system
     assert messages[1]["content"] == (
@@ -42,13 +50,15 @@ def test_think_action_prompt_is_exactly_the_template_filled_in():
         "Current observation (turn 5):\nYou arrive at shelf 1.\n\n"
         "Admissible actions (2):\n- take mug 1 from shelf 1\n- look\n\n"
         "Think step by step about the situation inside <think> </think>, then give exactly one action inside "
-        "<action> </action>, for example: <think>...</think><action>go to cabinet 1</action>")
+        "<action> </action>, for example: <think>...</think><action>go to cabinet 1</action>"
+    )
 
 
 def test_react_history_carries_the_models_own_thoughts():
     template = load_template("react")
-    messages = template.build_messages("webshop", "buy socks", "page", [], [Turn("start", "search[socks]", "find socks")],
-                                       turn=2)
+    messages = template.build_messages(
+        "webshop", "buy socks", "page", [], [Turn("start", "search[socks]", "find socks")], turn=2
+    )
     user = messages[1]["content"]
     assert "Observation 1: start\nThought 1: find socks\nAction 1: search[socks]\n" in user
     assert "Admissible actions" not in user  # no list when the env gives none
@@ -64,7 +74,9 @@ def test_first_turn_has_no_history_and_unknown_envs_get_the_default_intro():
 def test_long_admissible_lists_and_observations_are_capped():
     template = load_template()
     actions = [f"action {i}" for i in range(250)]
-    user = template.build_messages("scienceworld", "t", "x" * (MAX_OBSERVATION_CHARS + 500), actions, [], 1)[1]["content"]
+    user = template.build_messages("scienceworld", "t", "x" * (MAX_OBSERVATION_CHARS + 500), actions, [], 1)[1][
+        "content"
+    ]
     assert "Admissible actions (250):\n" in user
     assert "- action 99\n- ... and 150 more\n" in user and "- action 100\n" not in user
     assert "[...] " + "x" * MAX_OBSERVATION_CHARS + "\n" in user and "x" * (MAX_OBSERVATION_CHARS + 1) not in user
@@ -110,22 +122,25 @@ def test_builtin_templates_round_trip_through_dicts():
 # ---- the parser ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, action, think, problem", [
-    ("<think>go there</think><action>go to shelf 1</action>", "go to shelf 1", "go there", None),
-    ("<THINK> a </THINK>\n<Action>\n  take  mug 1\n from shelf 1 </Action>", "take mug 1 from shelf 1", "a", None),
-    ("<think>x</think> text after <action>look</action> trailing words", "look", "x", None),
-    ("go to shelf 1", None, None, "no <action> tag"),
-    ("<think>x</think>", None, "x", "no <action> tag"),
-    ("<think>x</think><action>a</action><action>b</action>", None, "x", "2 <action> tags"),
-    ("<think>x</think><action>look", None, "x", "unclosed <action>"),
-    ("<think>x</think><action>   </action>", None, "x", "empty <action>"),
-    ("<action>look</action><think>x</think>", None, "x", "<think> after <action>"),
-    ("<action>look</action>", None, None, "no <think> tag"),
-    ("<think>a</think><think>b</think><action>look</action>", None, "a", "2 <think> tags"),
-    ("<think>a <action>look</action></think>", None, "a <action>look</action>", "<action> inside <think>"),
-    ("<think>x</think></action><action>look</action>", None, "x", "</action> without <action>"),
-    ("", None, None, "no <action> tag"),
-])
+@pytest.mark.parametrize(
+    "text, action, think, problem",
+    [
+        ("<think>go there</think><action>go to shelf 1</action>", "go to shelf 1", "go there", None),
+        ("<THINK> a </THINK>\n<Action>\n  take  mug 1\n from shelf 1 </Action>", "take mug 1 from shelf 1", "a", None),
+        ("<think>x</think> text after <action>look</action> trailing words", "look", "x", None),
+        ("go to shelf 1", None, None, "no <action> tag"),
+        ("<think>x</think>", None, "x", "no <action> tag"),
+        ("<think>x</think><action>a</action><action>b</action>", None, "x", "2 <action> tags"),
+        ("<think>x</think><action>look", None, "x", "unclosed <action>"),
+        ("<think>x</think><action>   </action>", None, "x", "empty <action>"),
+        ("<action>look</action><think>x</think>", None, "x", "<think> after <action>"),
+        ("<action>look</action>", None, None, "no <think> tag"),
+        ("<think>a</think><think>b</think><action>look</action>", None, "a", "2 <think> tags"),
+        ("<think>a <action>look</action></think>", None, "a <action>look</action>", "<action> inside <think>"),
+        ("<think>x</think></action><action>look</action>", None, "x", "</action> without <action>"),
+        ("", None, None, "no <action> tag"),
+    ],
+)
 def test_parse_response(text, action, think, problem):
     parsed = parse_response(text)
     assert (parsed.action, parsed.think, parsed.problem) == (action, think, problem)
@@ -182,8 +197,14 @@ def _agent(backend, **options):
 
 
 def test_agent_turns_history_window_and_counts():
-    backend = ScriptedBackend(["<think>a</think><action>go to shelf 1</action>", "no tags at all", None,
-                               "<think>d</think><action>look</action>"])
+    backend = ScriptedBackend(
+        [
+            "<think>a</think><action>go to shelf 1</action>",
+            "no tags at all",
+            None,
+            "<think>d</think><action>look</action>",
+        ]
+    )
     agent = _agent(backend, history=1)
     agent.reset(seed=3)
     info = {"instruction": "put a mug on the shelf.", "admissible_actions": ["look"]}
@@ -197,8 +218,13 @@ def test_agent_turns_history_window_and_counts():
     last_prompt = backend.calls[-1][0][0][1]["content"]
     assert "Your last 1 turns" in last_prompt and "[turn 3] Observation: obs 3\n[turn 3] Action: \n" in last_prompt
     assert "obs 2" not in last_prompt  # outside the window of 1
-    assert agent.episode_stats() == {"responses": 4, "format_invalid": 2, "failed_requests": 1,
-                                     "prompt_tokens": 30, "completion_tokens": 9}
+    assert agent.episode_stats() == {
+        "responses": 4,
+        "format_invalid": 2,
+        "failed_requests": 1,
+        "prompt_tokens": 30,
+        "completion_tokens": 9,
+    }
     agent.reset(seed=4)
     assert agent.episode_stats()["responses"] == 0
 

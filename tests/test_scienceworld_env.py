@@ -42,8 +42,12 @@ from envrl.envs.scienceworld.tasks import MAX_VARIATIONS, SPLITS, all_tasks, spl
 
 ENV_ID = "envrl/ScienceWorld-v0"
 if ENV_ID not in gym.registry:  # until envrl.envs registers it
-    gym.register(id=ENV_ID, entry_point="envrl.envs.scienceworld.env:ScienceWorldEnv", max_episode_steps=100,
-                 disable_env_checker=True)
+    gym.register(
+        id=ENV_ID,
+        entry_point="envrl.envs.scienceworld.env:ScienceWorldEnv",
+        max_episode_steps=100,
+        disable_env_checker=True,
+    )
 
 # java processes this test module started (checked at the end)
 _STARTED_JVMS: list[int] = []
@@ -98,8 +102,9 @@ def _play(env, agent, task_id):
 @pytest.fixture(scope="module")
 def shared_env():
     """One env (one JVM) for the tests that only need some env."""
-    env = gym.make(ENV_ID, task=["find-non-living-thing", "power-component", "find-animal"], split="train",
-                   expert_plan=True)
+    env = gym.make(
+        ENV_ID, task=["find-non-living-thing", "power-component", "find-animal"], split="train", expert_plan=True
+    )
     env.reset(seed=0)
     _STARTED_JVMS.append(env.unwrapped.engine.pid)
     yield env
@@ -107,6 +112,7 @@ def shared_env():
 
 
 # ---- tasks and splits --------------------------------------------------------------------
+
 
 def test_task_table_and_splits_match_the_engine():
     engine = Engine()
@@ -164,8 +170,14 @@ def test_bad_java_heaps_raise_one_clear_value_error(heap):
 
 
 def test_java_heap_sizes_that_work():
-    for heap, option in [("64m", ["-Xmx64m"]), (" 2G ", ["-Xmx2g"]), ("0512m", ["-Xmx512m"]),
-                         (512 << 20, [f"-Xmx{512 << 20}"]), (None, []), ("", [])]:
+    for heap, option in [
+        ("64m", ["-Xmx64m"]),
+        (" 2G ", ["-Xmx2g"]),
+        ("0512m", ["-Xmx512m"]),
+        (512 << 20, [f"-Xmx{512 << 20}"]),
+        (None, []),
+        ("", []),
+    ]:
         assert ScienceWorldEnv(java_heap=heap).engine is None
         assert Engine.check_options(java_heap=heap) is None
         assert _heap_option(heap) == option, heap
@@ -196,14 +208,20 @@ def test_unknown_tasks_and_options_raise_clear_value_errors():
     with pytest.raises(ValueError, match="java_heap"):
         ScienceWorldEnv(java_heap="lots")
     env = ScienceWorldEnv(task="boil", split="train")
-    for bad, message in [("1-1:25", r"in split \['test'\]"), ("1-1:999", "variations 0-29"),
-                         ("boil", "look like"), ("2-1:3", "not among this env's tasks"), ("x:1", "unknown")]:
+    for bad, message in [
+        ("1-1:25", r"in split \['test'\]"),
+        ("1-1:999", "variations 0-29"),
+        ("boil", "look like"),
+        ("2-1:3", "not among this env's tasks"),
+        ("x:1", "unknown"),
+    ]:
         with pytest.raises(ValueError, match=message):
             env.reset(options={"task_id": bad})
     assert env.engine is None  # rejected before any JVM started
 
 
 # ---- playing -----------------------------------------------------------------------------
+
 
 def test_expert_completes_tasks():
     agent = make_agent("expert")
@@ -251,8 +269,19 @@ def test_rewards_scores_and_termination(shared_env):
     assert info["raw_score"] == -100 and info["score"] == 0.0 and terminated and not info["success"]
 
 
-BAD_ACTIONS = ["", "   ", "asdkjh", "\x00", "é ü 漢字", "look around\nlook around", "\r\n", "focus on", "🙂" * 50, "\ud800",
-               "x" * MAX_ACTION_LENGTH]
+BAD_ACTIONS = [
+    "",
+    "   ",
+    "asdkjh",
+    "\x00",
+    "é ü 漢字",
+    "look around\nlook around",
+    "\r\n",
+    "focus on",
+    "🙂" * 50,
+    "\ud800",
+    "x" * MAX_ACTION_LENGTH,
+]
 
 
 def test_bad_actions_give_feedback_not_crashes(shared_env):
@@ -273,6 +302,7 @@ def test_bad_actions_give_feedback_not_crashes(shared_env):
 
 
 # ---- the lazy admissible actions ------------------------------------------------------------
+
 
 def test_lazy_admissible_actions(shared_env):
     observation, info = shared_env.reset(options={"task_id": "4-2:0"})
@@ -441,8 +471,9 @@ def test_vector_envs_receive_the_lazy_lists_as_plain_lists():
     from envrl.processes import start_method
 
     factory = partial(ScienceWorldEnv, task="find-plant")
-    vec = gym.vector.AsyncVectorEnv([factory, factory], shared_memory=False, context=start_method(),
-                                    autoreset_mode=AutoresetMode.SAME_STEP)
+    vec = gym.vector.AsyncVectorEnv(
+        [factory, factory], shared_memory=False, context=start_method(), autoreset_mode=AutoresetMode.SAME_STEP
+    )
     try:
         observations, info = vec.reset(seed=0)
         assert all(type(actions) is list and "look around" in actions for actions in info["admissible_actions"])
@@ -496,8 +527,11 @@ _REPLAY = textwrap.dedent("""
 
 
 def _replay(task_id: str, split: str, read: bool, warmup: str = "-") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _REPLAY, task_id, split, "read" if read else "skip", warmup],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _REPLAY, task_id, split, "read" if read else "skip", warmup],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_same_task_and_actions_give_the_same_observations_in_any_process():
@@ -536,8 +570,10 @@ _EVERY_TASK = textwrap.dedent("""
 @pytest.mark.slow
 def test_every_task_is_deterministic_across_processes_and_histories():
     """All 30 tasks, in two processes that play them in opposite orders: the same traces."""
-    runs = [subprocess.Popen([sys.executable, "-c", _EVERY_TASK, order], stdout=subprocess.PIPE, text=True)
-            for order in ("forward", "reversed")]
+    runs = [
+        subprocess.Popen([sys.executable, "-c", _EVERY_TASK, order], stdout=subprocess.PIPE, text=True)
+        for order in ("forward", "reversed")
+    ]
     forward, backward = [json.loads(p.communicate(timeout=900)[0]) for p in runs]
     assert len(forward) == 30 and forward.keys() == backward.keys()
     assert [t for t in forward if forward[t] != backward[t]] == []
@@ -607,6 +643,7 @@ def test_observations_equal_the_stock_engines_on_a_gold_path(monkeypatch):
 
 # ---- JVM hygiene ---------------------------------------------------------------------------
 
+
 def test_a_jvm_that_cannot_start_gives_a_clear_error():
     from envrl.envs.scienceworld import EngineStartError
 
@@ -644,8 +681,9 @@ _ORPHAN = textwrap.dedent("""
 
 @pytest.mark.parametrize("ending", ["exit", "kill"])
 def test_no_jvm_survives_its_python_process(ending):
-    child = subprocess.Popen([sys.executable, "-c", _ORPHAN, "exit" if ending == "exit" else "wait"],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, "exit" if ending == "exit" else "wait"], stdout=subprocess.PIPE, text=True
+    )
     try:
         pid = int(child.stdout.readline())
         if ending == "kill":

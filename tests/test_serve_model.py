@@ -81,8 +81,7 @@ def hf_backend(tiny_checkpoint):
 def live(hf_backend):
     """The real server on a free port, serving the tiny model as "tiny"."""
     openai = pytest.importorskip("openai")
-    app = create_app(hf_backend, model_name="tiny", max_new_tokens_limit=64, max_body_bytes=50_000,
-                     batch_wait_s=0.05)
+    app = create_app(hf_backend, model_name="tiny", max_new_tokens_limit=64, max_body_bytes=50_000, batch_wait_s=0.05)
     server, thread = _start(app)
     base = f"http://127.0.0.1:{server.server_port}/v1"
     client = openai.OpenAI(base_url=base, api_key="EMPTY", max_retries=0, timeout=30)
@@ -115,8 +114,7 @@ def test_logprobs_carry_the_exact_tokens(live, hf_backend):
 
     _, client, base = live
     expected = hf_backend.generate([MESSAGES], SamplingConfig(temperature=0, max_new_tokens=16))[0]
-    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=16,
-                                           logprobs=True)
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=16, logprobs=True)
     content = reply.choices[0].logprobs.content
     assert [item.token for item in content] == [f"token_id:{t}" for t in expected.token_ids]
     assert [item.logprob for item in content] == pytest.approx(expected.token_logprobs, abs=1e-5)
@@ -182,8 +180,9 @@ def test_seeded_sampling_over_http(live):
     _, client, _ = live
 
     def ask(seed: int) -> str:
-        reply = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=1.0, max_tokens=12,
-                                               seed=seed)
+        reply = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, temperature=1.0, max_tokens=12, seed=seed
+        )
         return reply.choices[0].message.content
 
     assert ask(3) == ask(3)
@@ -265,14 +264,22 @@ def test_good_request_and_field_defaults(fake_app):
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     assert backend.calls[-1] == (1, SamplingConfig(temperature=0.0, top_p=1.0, max_new_tokens=8, seed=None))
     # OpenAI defaults: temperature 1; max_tokens defaults to the server limit; the newer name wins
-    client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 5,
-                                              "max_completion_tokens": 7, "seed": 2})
+    client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": MESSAGES, "max_tokens": 5, "max_completion_tokens": 7, "seed": 2},
+    )
     assert backend.calls[-1][1] == SamplingConfig(temperature=1.0, max_new_tokens=7, seed=2)
     # content parts and the developer role are accepted
     msgs, sampling = parse_chat_request(
-        {"model": "tiny", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
-                                                                          {"type": "text", "text": "b"}]}]},
-        model_name="tiny", max_new_tokens_limit=64)
+        {
+            "model": "tiny",
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+            ],
+        },
+        model_name="tiny",
+        max_new_tokens_limit=64,
+    )
     assert msgs == [{"role": "system", "content": "ab"}] and sampling.max_new_tokens == 64
 
 
@@ -324,18 +331,27 @@ def test_serve_fails_fast_on_a_busy_port(tmp_path, capsys):
 
 
 def test_serve_runs_until_sigterm(tiny_checkpoint):
-    code = ("import sys; from envrl.agents.serve_model import serve; "
-            "sys.exit(serve(sys.argv[1], port=0, model_name='tiny'))")
+    code = (
+        "import sys; from envrl.agents.serve_model import serve; "
+        "sys.exit(serve(sys.argv[1], port=0, model_name='tiny'))"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tiny_checkpoint)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tiny_checkpoint)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     try:
         line = proc.stdout.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
         assert match, line
         base = f"http://127.0.0.1:{match.group(1)}"
-        request = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(GOOD).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            base + "/v1/chat/completions", data=json.dumps(GOOD).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             assert json.load(response)["usage"]["completion_tokens"] >= 1
         proc.send_signal(signal.SIGTERM)

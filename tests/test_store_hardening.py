@@ -31,9 +31,8 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 
-from envrl import testing as fakes  # noqa: E402
-
 from envrl import cli  # noqa: E402
+from envrl import testing as fakes  # noqa: E402
 from envrl.evaluation.store import (  # noqa: E402
     EpisodeRecord,
     MalformedRecord,
@@ -52,15 +51,39 @@ CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
 
 def make_record(index: int, run_id: str = "r1") -> EpisodeRecord:
     steps = [StepRecord(action=f"a{k}", observation=f"o{k}", reward=float(k == 2), valid=True) for k in range(3)]
-    return EpisodeRecord(run_id=run_id, episode_index=index, env_id="envrl/Fake-v0", split="train",
-                         task_id=f"t{index}", task_type="pick", seed=index, agent="fake", success=index % 2 == 0,
-                         score=1.0, turns=3, valid_action_ratio=1.0, wall_time=0.01, trajectory=steps,
-                         initial_observation="start", finished_at=1.0 + index)
+    return EpisodeRecord(
+        run_id=run_id,
+        episode_index=index,
+        env_id="envrl/Fake-v0",
+        split="train",
+        task_id=f"t{index}",
+        task_type="pick",
+        seed=index,
+        agent="fake",
+        success=index % 2 == 0,
+        score=1.0,
+        turns=3,
+        valid_action_ratio=1.0,
+        wall_time=0.01,
+        trajectory=steps,
+        initial_observation="start",
+        finished_at=1.0 + index,
+    )
 
 
 def make_config(run_id: str = "r1", episodes: int = 4) -> dict[str, Any]:
-    return {"env": "fake", "env_id": "envrl/Fake-v0", "split": "train", "agent": "fake", "episodes": episodes,
-            "seed": 0, "env_kwargs": {}, "task_count": 5, "task_ids_sha256": "abc", "versions": {"x": "1"}}
+    return {
+        "env": "fake",
+        "env_id": "envrl/Fake-v0",
+        "split": "train",
+        "agent": "fake",
+        "episodes": episodes,
+        "seed": 0,
+        "env_kwargs": {},
+        "task_count": 5,
+        "task_ids_sha256": "abc",
+        "versions": {"x": "1"},
+    }
 
 
 def build_store(runs_dir: Path, episodes: int = 4) -> Path:
@@ -73,8 +96,11 @@ def build_store(runs_dir: Path, episodes: int = 4) -> Path:
 
 def snapshot(root: Path) -> dict[str, tuple[str, int]]:
     """Every file under ``root``: content digest and mtime (ns)."""
-    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def cli_run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -106,8 +132,9 @@ def run_unprivileged(args: list[str], timeout: float = 120) -> subprocess.Comple
     env = dict(os.environ, PYTHONPATH=str(REPO))
     preexec = _drop_dac_override if os.geteuid() == 0 else None
     try:
-        return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout,
-                              preexec_fn=preexec)
+        return subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout, preexec_fn=preexec
+        )
     except subprocess.SubprocessError as exc:
         if "preexec_fn" in str(exc):
             pytest.skip(f"cannot drop CAP_DAC_OVERRIDE here ({exc})")
@@ -181,13 +208,16 @@ def test_a_read_only_runs_directory_can_be_read(tmp_path, read_only, journal):
         _wal_at_rest(runs_dir)
     read_only(runs_dir / "r1", runs_dir / "envrl.sqlite", runs_dir)
     before = snapshot(runs_dir)
-    result = run_unprivileged(["-m", "envrl.cli", "leaderboard", "--runs", "--format", "json",
-                               "--runs-dir", str(runs_dir)])
+    result = run_unprivileged(
+        ["-m", "envrl.cli", "leaderboard", "--runs", "--format", "json", "--runs-dir", str(runs_dir)]
+    )
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
     assert (row["run_id"], row["episodes_done"]) == ("r1", 4)
-    page = ("import sys; from envrl.evaluation.web import create_app; c = create_app(sys.argv[1]).test_client(); "
-            "print(*(c.get(u).status_code for u in ('/', '/runs/r1', '/runs/r1/episodes/0?step=1')))")
+    page = (
+        "import sys; from envrl.evaluation.web import create_app; c = create_app(sys.argv[1]).test_client(); "
+        "print(*(c.get(u).status_code for u in ('/', '/runs/r1', '/runs/r1/episodes/0?step=1')))"
+    )
     result = run_unprivileged(["-c", page, str(runs_dir)])
     assert result.stdout.split() == ["200", "200", "200"], result.stderr
     assert snapshot(runs_dir) == before
@@ -197,8 +227,24 @@ def test_eval_into_a_read_only_runs_directory_is_one_line(tmp_path, read_only):
     runs_dir = build_store(tmp_path / "runs")
     read_only(runs_dir / "r1", runs_dir / "envrl.sqlite", runs_dir)
     before = snapshot(runs_dir)
-    result = run_unprivileged(["-m", "envrl.cli", "eval", "--env", fakes.ENV_ID, "--split", "train",
-                               "--agent", "random", "--episodes", "2", "--no-progress", "--runs-dir", str(runs_dir)])
+    result = run_unprivileged(
+        [
+            "-m",
+            "envrl.cli",
+            "eval",
+            "--env",
+            fakes.ENV_ID,
+            "--split",
+            "train",
+            "--agent",
+            "random",
+            "--episodes",
+            "2",
+            "--no-progress",
+            "--runs-dir",
+            str(runs_dir),
+        ]
+    )
     assert result.returncode == 1, result.stderr
     assert_one_line_error(result.stderr, "envrl eval: error:", str(runs_dir / "envrl.sqlite"), "read-only")
     assert snapshot(runs_dir) == before
@@ -209,9 +255,24 @@ def test_eval_without_permission_to_create_the_runs_directory(tmp_path, read_onl
     locked = tmp_path / "locked"
     locked.mkdir()
     read_only(locked)
-    result = run_unprivileged(["-m", "envrl.cli", "eval", "--env", fakes.ENV_ID, "--split", "train",
-                               "--agent", "random", "--episodes", "2", "--no-progress",
-                               "--runs-dir", str(locked / "runs")])
+    result = run_unprivileged(
+        [
+            "-m",
+            "envrl.cli",
+            "eval",
+            "--env",
+            fakes.ENV_ID,
+            "--split",
+            "train",
+            "--agent",
+            "random",
+            "--episodes",
+            "2",
+            "--no-progress",
+            "--runs-dir",
+            str(locked / "runs"),
+        ]
+    )
     assert result.returncode == 1, result.stderr
     assert_one_line_error(result.stderr, "Permission denied")
     assert list(locked.iterdir()) == []
@@ -243,8 +304,11 @@ def fake_agent_cli(monkeypatch):
 def test_a_runs_directory_that_is_a_file(tmp_path, capsys, fake_agent_cli):
     runs = tmp_path / "runs"
     runs.write_text("not a directory\n")
-    for argv, prog in ((EVAL, "envrl eval"), (("leaderboard",), "envrl leaderboard"), (("serve", "--port", "0"),
-                                                                                       "envrl serve")):
+    for argv, prog in (
+        (EVAL, "envrl eval"),
+        (("leaderboard",), "envrl leaderboard"),
+        (("serve", "--port", "0"), "envrl serve"),
+    ):
         code, out, err = cli_run(capsys, *argv, "--runs-dir", str(runs))
         assert code == 1, (argv, err)
         assert_one_line_error(err, f"{prog}: error:", f"runs directory {runs} is not a directory")
@@ -259,8 +323,11 @@ def test_a_corrupt_database(tmp_path, capsys, fake_agent_cli):
     db = runs / "envrl.sqlite"
     db.write_bytes(b"this is not a SQLite database, but it is somebody's data\n" * 40)
     before = snapshot(runs)
-    for argv, prog in ((EVAL, "envrl eval"), (("leaderboard",), "envrl leaderboard"), (("serve", "--port", "0"),
-                                                                                       "envrl serve")):
+    for argv, prog in (
+        (EVAL, "envrl eval"),
+        (("leaderboard",), "envrl leaderboard"),
+        (("serve", "--port", "0"), "envrl serve"),
+    ):
         code, out, err = cli_run(capsys, *argv, "--runs-dir", str(runs))
         assert code == 1, (argv, err)
         assert_one_line_error(err, f"{prog}: error:", str(db), "corrupt")
@@ -335,8 +402,14 @@ def test_the_viewer_shows_the_rest_of_a_run_with_malformed_records(tmp_path):
     assert note.startswith("Skipped 2 unreadable episode records of this run")
     assert "episode 1 (" in note and "episode 2 (KeyError: missing field 'reward')" in note
     assert len(soup.find("table", id="episodes").find("tbody").find_all("tr")) == 4
-    for url in ("/", "/runs/r1/episodes/0?step=3", "/runs/r1/episodes/3", "/runs/r1/plots/turns.png",
-                "/runs/r1/plots/task_types.png", "/runs/r1/plots/splits.png"):
+    for url in (
+        "/",
+        "/runs/r1/episodes/0?step=3",
+        "/runs/r1/episodes/3",
+        "/runs/r1/plots/turns.png",
+        "/runs/r1/plots/task_types.png",
+        "/runs/r1/plots/splits.png",
+    ):
         assert client.get(url).status_code == 200, url
     bad = client.get("/runs/r1/episodes/2")
     assert bad.status_code == 404 and "cannot be read" in bad.get_data(as_text=True)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from conftest import TEXTWORLD_PLAYED
 from gymnasium.utils.env_checker import check_env
 
 import envrl.envs  # noqa: F401  (registers the envrl ids)
-from conftest import TEXTWORLD_PLAYED
 from envrl.agents import make_agent
 from envrl.envs.base import EPISODE_OVER_FEEDBACK, INFO_KEYS, MAX_ACTION_LENGTH
 from envrl.envs.textworld import generate
@@ -36,8 +36,9 @@ PLAYED = TEXTWORLD_PLAYED  # ids per split that the fast tests play: one game of
 ROOT = Path(__file__).resolve().parents[1]
 
 if ENV_ID not in gym.registry:  # until envrl.envs registers it
-    gym.register(id=ENV_ID, entry_point="envrl.envs.textworld.env:TextWorldEnv", max_episode_steps=50,
-                 disable_env_checker=True)
+    gym.register(
+        id=ENV_ID, entry_point="envrl.envs.textworld.env:TextWorldEnv", max_episode_steps=50, disable_env_checker=True
+    )
 
 
 @pytest.fixture
@@ -72,15 +73,22 @@ def test_task_ids_are_fixed_and_disjoint():
             assert parsed_split == split and task_id == f"tw-{family}:{split}:{index}"
     assert sum(len(v) for v in ids.values()) == len(set().union(*ids.values()))
     # TextWorld seeds (every attempt of every game) never repeat across splits.
-    seeds = {split: {generate.seed_of(*generate.parse_task_id(t), a) for t in v for a in range(100)}
-             for split, v in ids.items()}
-    assert not (seeds["train"] & seeds["valid"] or seeds["train"] & seeds["test_ood"] or seeds["valid"] & seeds["test_ood"])
+    seeds = {
+        split: {generate.seed_of(*generate.parse_task_id(t), a) for t in v for a in range(100)}
+        for split, v in ids.items()
+    }
+    assert not (
+        seeds["train"] & seeds["valid"] or seeds["train"] & seeds["test_ood"] or seeds["valid"] & seeds["test_ood"]
+    )
 
 
 def test_ood_settings_are_larger_for_every_id():
     def drawn(split, family):
-        return [generate.draw_settings(family, split, i, a) for i in range(generate.family_size(family, split))
-                for a in range(3)]
+        return [
+            generate.draw_settings(family, split, i, a)
+            for i in range(generate.family_size(family, split))
+            for a in range(3)
+        ]
 
     for family in FAMILIES:
         in_dist = drawn("train", family) + drawn("valid", family)
@@ -90,8 +98,19 @@ def test_ood_settings_are_larger_for_every_id():
             assert min(s[key] for s in ood) > max(s[key] for s in in_dist), (family, key)
 
 
-@pytest.mark.parametrize("task_id", ["tw-custom:train:999", "tw-custom:train:-1", "tw-custom:train:01",
-                                     "tw-chess:train:0", "custom:train:0", "tw-custom:dev:0", "", "tw-goal:valid"])
+@pytest.mark.parametrize(
+    "task_id",
+    [
+        "tw-custom:train:999",
+        "tw-custom:train:-1",
+        "tw-custom:train:01",
+        "tw-chess:train:0",
+        "custom:train:0",
+        "tw-custom:dev:0",
+        "",
+        "tw-goal:valid",
+    ],
+)
 def test_unknown_task_id_is_a_clear_value_error(task_id, tmp_path):
     env = gym.make(ENV_ID, split="train", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown task id"):
@@ -119,12 +138,17 @@ def test_make_is_instant_and_generates_nothing(tmp_path):
 
 def test_clean_observation():
     banner = "\n\n\n                    ________  ________\n                   |        \\|        \\\n  \\$$$$$$$$| $$$$\n\n"
-    raw = (banner + "Welcome! Take the key.\n\n-= Attic =-\nAn attic.\n\n\n\nExit east.\n\n"
-           ">" + " " * 100 + "-= Attic =-0/1")
+    raw = (
+        banner + "Welcome! Take the key.\n\n-= Attic =-\nAn attic.\n\n\n\nExit east.\n\n"
+        ">" + " " * 100 + "-= Attic =-0/1"
+    )
     assert clean_observation(raw, first=True) == "Welcome! Take the key.\n\n-= Attic =-\nAn attic.\n\nExit east."
-    end = ("\nYou eat it.\n\n                    *** The End ***\n\nYou scored 3 out of a possible 3, in 4 turns.\n\n\n"
-           "Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?\n>" + " " * 80
-           + "-= Kitchen =-3/4")
+    end = (
+        "\nYou eat it.\n\n                    *** The End ***\n\nYou scored 3 out of a possible 3, in 4 turns.\n\n\n"
+        "Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?\n>"
+        + " " * 80
+        + "-= Kitchen =-3/4"
+    )
     assert clean_observation(end) == "You eat it.\n\n*** The End ***\n\nYou scored 3 out of a possible 3, in 4 turns."
 
 
@@ -132,8 +156,9 @@ def test_clean_observation():
 
 
 def test_generated_games_are_verified_and_sized_by_split(tw_cache):
-    metas = {split: [generate.read_game(t, tw_cache).meta for t in generate.task_ids(split)[:PLAYED]]
-             for split in SPLITS}
+    metas = {
+        split: [generate.read_game(t, tw_cache).meta for t in generate.task_ids(split)[:PLAYED]] for split in SPLITS
+    }
     for split, split_metas in metas.items():
         assert [m["family"] for m in split_metas] == list(FAMILIES)
         for meta in split_metas:
@@ -173,8 +198,16 @@ def test_parallel_generation_of_one_game_leaves_one_intact_copy(tw_cache, tmp_pa
         print(json.dumps(game.meta["game_json_sha256"]))
     """)
     cache = tmp_path / "cache"
-    workers = [subprocess.Popen([sys.executable, "-c", script, str(cache)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(2)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(cache)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for _ in range(2)
+    ]
     results = [w.communicate(timeout=300) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], [err[-2000:] for _, err in results]
     digests = {json.loads(out) for out, _ in results}
@@ -185,7 +218,8 @@ def test_parallel_generation_of_one_game_leaves_one_intact_copy(tw_cache, tmp_pa
     # Generated in other processes, the game is the same byte for byte as the session's copy.
     assert digests == {generate.read_game("tw-custom:train:0", tw_cache).meta["game_json_sha256"]}
     assert (game.directory / "game.json").read_bytes() == (
-        generate.read_game("tw-custom:train:0", tw_cache).directory / "game.json").read_bytes()
+        generate.read_game("tw-custom:train:0", tw_cache).directory / "game.json"
+    ).read_bytes()
 
 
 # ---------------------------------------------------------------------------- the env contract
@@ -242,8 +276,9 @@ def test_expert_replans_after_a_detour(tw_cache):
     for task_id in ("tw-custom:train:0", "tw-goal:train:0"):
         observation, info = env.reset(options={"task_id": task_id})
         walkthrough = info["expert_plan"]
-        detour = next(a for a in info["admissible_actions"]
-                      if a.startswith(("go ", "take ", "open ")) and a != walkthrough[0])
+        detour = next(
+            a for a in info["admissible_actions"] if a.startswith(("go ", "take ", "open ")) and a != walkthrough[0]
+        )
         observation, reward, terminated, truncated, info = env.step(detour)
         assert info["valid_action"] and info["expert_plan"] != walkthrough[1:]
         info_look = env.step("look")[4]
@@ -258,14 +293,31 @@ def test_bad_actions_give_feedback_and_never_crash(tw_cache):
     observation, info = env.reset(options={"task_id": "tw-custom:train:1"})
     plan = list(info["expert_plan"])
     bad = [
-        ("go north. go south", CHAINED_FEEDBACK), ("go north then go south", CHAINED_FEEDBACK),
-        ("go north;go south", CHAINED_FEEDBACK), ("take key, box", CHAINED_FEEDBACK),
-        ("look\r\nquit", CHAINED_FEEDBACK), ("go north\ngo south", CHAINED_FEEDBACK), ("look\u2028quit", CHAINED_FEEDBACK),
-        ("prendre la clé", CHAINED_FEEDBACK), ("\x00\x01\x1b[2J", CHAINED_FEEDBACK), ("漢字", CHAINED_FEEDBACK),
-        ("restart", META_FEEDBACK), ("quit", META_FEEDBACK), ("undo", META_FEEDBACK), ("SAVE", META_FEEDBACK),
-        ("restore", META_FEEDBACK), ("script", META_FEEDBACK), ("tw-extra-infos score", META_FEEDBACK),
-        ("", "Nothing happens."), ("   ", "Nothing happens."), ("x" * 200, "That command is too long."),
-        ("x" * (1 << 20), None), (None, None), (42, None), (b"look", None), (["look"], None),
+        ("go north. go south", CHAINED_FEEDBACK),
+        ("go north then go south", CHAINED_FEEDBACK),
+        ("go north;go south", CHAINED_FEEDBACK),
+        ("take key, box", CHAINED_FEEDBACK),
+        ("look\r\nquit", CHAINED_FEEDBACK),
+        ("go north\ngo south", CHAINED_FEEDBACK),
+        ("look\u2028quit", CHAINED_FEEDBACK),
+        ("prendre la clé", CHAINED_FEEDBACK),
+        ("\x00\x01\x1b[2J", CHAINED_FEEDBACK),
+        ("漢字", CHAINED_FEEDBACK),
+        ("restart", META_FEEDBACK),
+        ("quit", META_FEEDBACK),
+        ("undo", META_FEEDBACK),
+        ("SAVE", META_FEEDBACK),
+        ("restore", META_FEEDBACK),
+        ("script", META_FEEDBACK),
+        ("tw-extra-infos score", META_FEEDBACK),
+        ("", "Nothing happens."),
+        ("   ", "Nothing happens."),
+        ("x" * 200, "That command is too long."),
+        ("x" * (1 << 20), None),
+        (None, None),
+        (42, None),
+        (b"look", None),
+        (["look"], None),
     ]
     for action, feedback in bad:
         observation, reward, terminated, truncated, info = env.step(action)
@@ -315,8 +367,14 @@ print(json.dumps(trace, sort_keys=True))
 def test_same_actions_same_observations_in_two_processes(tw_cache):
     traces = []
     for hash_seed in ("1", "2"):  # different string hashing, too
-        result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT, str(tw_cache)], capture_output=True,
-                                text=True, cwd=ROOT, env=dict(os.environ, PYTHONHASHSEED=hash_seed), timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-c", DETERMINISM_SCRIPT, str(tw_cache)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONHASHSEED=hash_seed),
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         traces.append(result.stdout)
     assert traces[0] == traces[1]
@@ -360,8 +418,14 @@ def test_generation_does_not_depend_on_the_callers_hash_seed(tmp_path):
     digests = set()
     for hash_seed in ("7", "8"):
         cache = tmp_path / hash_seed
-        result = subprocess.run([sys.executable, "-c", script, str(cache), "tw-cooking:test_ood:2"], capture_output=True,
-                                text=True, cwd=ROOT, env=dict(os.environ, PYTHONHASHSEED=hash_seed), timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(cache), "tw-cooking:test_ood:2"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONHASHSEED=hash_seed),
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         digests.add(result.stdout.strip())
     assert len(digests) == 1

@@ -16,8 +16,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -47,8 +47,15 @@ def ray_instance(ray_temp_dir):
     started = not ray.is_initialized()
     if started:
         pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, _temp_dir=ray_temp_dir)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+            _temp_dir=ray_temp_dir,
+        )
     yield ray
     if started:
         ray.shutdown()
@@ -99,8 +106,9 @@ def goal(infos, i: int) -> str:
     return f"open box {infos['task_id'][i]}"
 
 
-def check_lost_worker_is_replaced(make: Factory, lose: Callable[[TextVectorEnv, int], None],
-                                  expect_in_error: str, **kwargs) -> None:
+def check_lost_worker_is_replaced(
+    make: Factory, lose: Callable[[TextVectorEnv, int], None], expect_in_error: str, **kwargs
+) -> None:
     """``lose(vec, 0)`` takes env 0's worker away mid-episode; env 1's episode must go on."""
     vec = make(fakes.ENV_ID, 2, split="train", **kwargs)
     try:
@@ -154,7 +162,13 @@ def test_seeds_match_single_envs(make):
         finally:
             for env in singles:
                 env.close()
-        assert len(vec.get_attr("task_ids")) == 3 and list(vec.get_attr("task_ids")[0]) == ["t0", "t1", "t2", "t3", "t4"]
+        assert len(vec.get_attr("task_ids")) == 3 and list(vec.get_attr("task_ids")[0]) == [
+            "t0",
+            "t1",
+            "t2",
+            "t3",
+            "t4",
+        ]
     finally:
         vec.close()
 
@@ -374,8 +388,9 @@ def test_ray_back_end_without_ray_says_how_to_install_it(monkeypatch, tmp_path):
     with pytest.raises(ImportError, match=r"pip install 'envrl\[ray\]'"):
         make_vec(fakes.ENV_ID, 1, backend="ray", split="train")
     with pytest.raises(EvaluationError, match="needs Ray"):
-        run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=1, runs_dir=tmp_path, progress=False,
-                       ray_address="auto")
+        run_evaluation(
+            fakes.ENV_ID, "train", fakes.FakeAgent, episodes=1, runs_dir=tmp_path, progress=False, ray_address="auto"
+        )
 
 
 # ---- subprocess back end only: no process outlives its caller ------------------------------------
@@ -401,8 +416,13 @@ def test_no_orphans_when_the_caller_exits_or_dies(tmp_path, how):
     script = tmp_path / "vec.py"
     script.write_text(ORPHAN_SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(script), "exit" if how == "exit" else "sleep"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "exit" if how == "exit" else "sleep"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2, proc.stderr.read()

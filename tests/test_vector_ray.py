@@ -95,38 +95,82 @@ def _outcomes(summary):
 
 
 def test_eval_on_ray_matches_processes(tmp_path):
-    on_ray = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=2, runs_dir=tmp_path / "ray",
-                            progress=False, ray_address="auto")
-    local = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=2,
-                           runs_dir=tmp_path / "local", progress=False)
+    on_ray = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=6,
+        workers=2,
+        runs_dir=tmp_path / "ray",
+        progress=False,
+        ray_address="auto",
+    )
+    local = run_evaluation(
+        fakes.ENV_ID, "train", fakes.FakeAgent, episodes=6, workers=2, runs_dir=tmp_path / "local", progress=False
+    )
     assert on_ray.episodes_done == 6 and on_ray.errors == 0
     assert _outcomes(on_ray) == _outcomes(local)
     assert ray.is_initialized()
     # resuming on Ray plays only what is missing
-    again = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=8, workers=2, runs_dir=tmp_path / "ray",
-                           progress=False, ray_address="auto")
+    again = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=8,
+        workers=2,
+        runs_dir=tmp_path / "ray",
+        progress=False,
+        ray_address="auto",
+    )
     assert again.episodes_played == 2 and again.episodes_done == 8
 
 
 def test_eval_on_ray_with_batches_matches_processes(tmp_path):
-    on_ray = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=2, batch_size=3,
-                            runs_dir=tmp_path / "ray", progress=False, ray_address="auto")
-    local = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=1,
-                           runs_dir=tmp_path / "local", progress=False)
+    on_ray = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=7,
+        workers=2,
+        batch_size=3,
+        runs_dir=tmp_path / "ray",
+        progress=False,
+        ray_address="auto",
+    )
+    local = run_evaluation(
+        fakes.ENV_ID, "train", fakes.FakeAgent, episodes=7, workers=1, runs_dir=tmp_path / "local", progress=False
+    )
     assert on_ray.episodes_done == 7 and _outcomes(on_ray) == _outcomes(local)
 
 
 def test_eval_on_ray_retries_an_episode_whose_actor_died(tmp_path, capsys):
     marker = tmp_path / "died-once"
-    summary = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=4, workers=2, runs_dir=tmp_path,
-                             progress=False, ray_address="auto",
-                             env_kwargs={"die_on": "t2", "die_marker": str(marker)})
+    summary = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=4,
+        workers=2,
+        runs_dir=tmp_path,
+        progress=False,
+        ray_address="auto",
+        env_kwargs={"die_on": "t2", "die_marker": str(marker)},
+    )
     assert marker.exists() and summary.errors == 0 and summary.records[2].success
     assert "Ray actor" in capsys.readouterr().err
 
-    always = run_evaluation(fakes.ENV_ID, "train", fakes.FakeAgent, episodes=4, workers=2, runs_dir=tmp_path,
-                            run_id="always", progress=False, ray_address="auto",
-                            env_kwargs={"die_on": "t2", "die_always": True})
+    always = run_evaluation(
+        fakes.ENV_ID,
+        "train",
+        fakes.FakeAgent,
+        episodes=4,
+        workers=2,
+        runs_dir=tmp_path,
+        run_id="always",
+        progress=False,
+        ray_address="auto",
+        env_kwargs={"die_on": "t2", "die_always": True},
+    )
     failed = always.records[2]
     assert always.errors == 1 and failed.error.startswith("Ray actor died 2 times")
     assert [r.error for i, r in enumerate(always.records) if i != 2] == [None, None, None]
@@ -135,8 +179,26 @@ def test_eval_on_ray_retries_an_episode_whose_actor_died(tmp_path, capsys):
 def test_cli_eval_ray(tmp_path, capsys):
     from envrl.cli import main
 
-    code = main(["eval", "--env", fakes.ENV_ID, "--split", "train", "--agent", "random", "--episodes", "3",
-                 "--workers", "2", "--ray", "auto", "--runs-dir", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "eval",
+            "--env",
+            fakes.ENV_ID,
+            "--split",
+            "train",
+            "--agent",
+            "random",
+            "--episodes",
+            "3",
+            "--workers",
+            "2",
+            "--ray",
+            "auto",
+            "--runs-dir",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert "episodes: 3/3 recorded" in capsys.readouterr().out
 
@@ -152,8 +214,26 @@ def test_an_unreachable_address_fails_fast(tmp_path, capsys):
     with pytest.raises(ConnectionError, match="nothing answers"):
         _check_reachable("ray://127.0.0.1:1")
     assert time.monotonic() - start < 10
-    assert main(["eval", "--env", "webshop", "--split", "test", "--agent", "random", "--episodes", "1",
-                 "--ray", " ", "--runs-dir", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--env",
+                "webshop",
+                "--split",
+                "test",
+                "--agent",
+                "random",
+                "--episodes",
+                "1",
+                "--ray",
+                " ",
+                "--runs-dir",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "--ray needs an address" in capsys.readouterr().err
 
 

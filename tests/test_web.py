@@ -48,33 +48,91 @@ REAL_RUNS = [(agent, split) for agent in ("random", "expert") for split in ("tes
 
 
 def _config(env: str, split: str, agent: str, episodes: int, **extra: Any) -> dict[str, Any]:
-    return {"env": env, "env_id": "envrl/WebShop-v0", "split": split, "agent": agent, "episodes": episodes,
-            "seed": 0, "env_kwargs": {}, **extra}
+    return {
+        "env": env,
+        "env_id": "envrl/WebShop-v0",
+        "split": split,
+        "agent": agent,
+        "episodes": episodes,
+        "seed": 0,
+        "env_kwargs": {},
+        **extra,
+    }
 
 
 def hostile_records(run_id: str = HOSTILE_RUN) -> list[EpisodeRecord]:
     """Two episodes whose every free-text field carries markup; the first with LLM agent info."""
     steps = [
-        StepRecord(action=f"search[{HOSTILE_SCRIPT}]", observation=f"results {HOSTILE_MARKUP}", reward=0.0,
-                   valid=True,
-                   agent_info={"think": f"I think {HOSTILE_MARKUP}", "response": f"{HOSTILE_IMG}\n<action>x</action>",
-                               "format_valid": False, "prompt_tokens": 100, "completion_tokens": 20,
-                               "latency": 0.5, "extra": [HOSTILE_SCRIPT]}),
-        StepRecord(action=f"click[{HOSTILE_MARKUP}]", observation=HOSTILE_SCRIPT, reward=0.0, valid=False,
-                   agent_info={"response": "<action>click</action>", "format_valid": True, "prompt_tokens": 150,
-                               "completion_tokens": 30, "latency": 1.5}),
-        StepRecord(action="click[buy now]", observation=f"Thank you {HOSTILE_IMG}", reward=1.0, valid=True,
-                   agent_info={"error": f"server said {HOSTILE_SCRIPT}", "prompt_tokens": 50}),
+        StepRecord(
+            action=f"search[{HOSTILE_SCRIPT}]",
+            observation=f"results {HOSTILE_MARKUP}",
+            reward=0.0,
+            valid=True,
+            agent_info={
+                "think": f"I think {HOSTILE_MARKUP}",
+                "response": f"{HOSTILE_IMG}\n<action>x</action>",
+                "format_valid": False,
+                "prompt_tokens": 100,
+                "completion_tokens": 20,
+                "latency": 0.5,
+                "extra": [HOSTILE_SCRIPT],
+            },
+        ),
+        StepRecord(
+            action=f"click[{HOSTILE_MARKUP}]",
+            observation=HOSTILE_SCRIPT,
+            reward=0.0,
+            valid=False,
+            agent_info={
+                "response": "<action>click</action>",
+                "format_valid": True,
+                "prompt_tokens": 150,
+                "completion_tokens": 30,
+                "latency": 1.5,
+            },
+        ),
+        StepRecord(
+            action="click[buy now]",
+            observation=f"Thank you {HOSTILE_IMG}",
+            reward=1.0,
+            valid=True,
+            agent_info={"error": f"server said {HOSTILE_SCRIPT}", "prompt_tokens": 50},
+        ),
     ]
-    common = dict(run_id=run_id, env_id="envrl/WebShop-v0", split="test", seed=0, agent=HOSTILE_AGENT,
-                  valid_action_ratio=2 / 3, wall_time=0.1, finished_at=time.time())
+    common = dict(
+        run_id=run_id,
+        env_id="envrl/WebShop-v0",
+        split="test",
+        seed=0,
+        agent=HOSTILE_AGENT,
+        valid_action_ratio=2 / 3,
+        wall_time=0.1,
+        finished_at=time.time(),
+    )
     return [
-        EpisodeRecord(episode_index=0, task_id=f"task{HOSTILE_SCRIPT}", task_type="<b>type</b>", success=True,
-                      score=1.0, turns=3, trajectory=steps, initial_observation=f"Start {HOSTILE_SCRIPT}",
-                      **common),
-        EpisodeRecord(episode_index=1, task_id=f"task2 {HOSTILE_MARKUP}", task_type="<b>type</b>", success=False,
-                      score=0.0, turns=0, trajectory=[], initial_observation=HOSTILE_IMG,
-                      error=f"RuntimeError: {HOSTILE_SCRIPT}", **common),
+        EpisodeRecord(
+            episode_index=0,
+            task_id=f"task{HOSTILE_SCRIPT}",
+            task_type="<b>type</b>",
+            success=True,
+            score=1.0,
+            turns=3,
+            trajectory=steps,
+            initial_observation=f"Start {HOSTILE_SCRIPT}",
+            **common,
+        ),
+        EpisodeRecord(
+            episode_index=1,
+            task_id=f"task2 {HOSTILE_MARKUP}",
+            task_type="<b>type</b>",
+            success=False,
+            score=0.0,
+            turns=0,
+            trajectory=[],
+            initial_observation=HOSTILE_IMG,
+            error=f"RuntimeError: {HOSTILE_SCRIPT}",
+            **common,
+        ),
     ]
 
 
@@ -84,8 +142,7 @@ def build_store(runs_dir: Path, episodes: int = 6) -> Path:
     for agent, split in REAL_RUNS:
         run_evaluation("webshop", split, agent, episodes, runs_dir=runs_dir, progress=False)
     store = ResultStore(runs_dir)
-    with store.open_run(HOSTILE_RUN, _config("webshop", "test", HOSTILE_AGENT, 2,
-                                             note=HOSTILE_SCRIPT)) as writer:
+    with store.open_run(HOSTILE_RUN, _config("webshop", "test", HOSTILE_AGENT, 2, note=HOSTILE_SCRIPT)) as writer:
         for record in hostile_records():
             writer.append(record)
     store.open_run(EMPTY_RUN, _config("webshop", "test_ood", "nobody", 5)).close()
@@ -212,24 +269,75 @@ FIXED_DATA = {
         {"key": "webshop/test", "env": "webshop", "split": "test", "kind": "ID"},
     ],
     "rows": [
-        {"agent": "expert", "source": "measured", "reference": None, "protocol": {"template": "none", "max_steps": 50},
-         "cells": {"alfworld/valid_seen": {"run_id": "webshop-test-expert-s0", "success_rate": 0.7, "ci_low": 0.6,
-                                           "ci_high": 0.8, "episodes": 140, "mean_turns": 12.3,
-                                           "mean_turns_success": 8.1, "rank": 1, "protocol_note": None}}},
-        {"agent": f"ReAct {HOSTILE_MARKUP}", "source": "reported",
-         "reference": {"paper": "ReAct (Yao et al., 2023)", "url": "https://arxiv.org/abs/2210.03629",
-                       "model": "PaLM-540B", "protocol": "two-shot prompts", "note": f"best of 6 {HOSTILE_SCRIPT}"},
-         "protocol": {},
-         "cells": {"alfworld/valid_unseen": {"run_id": None, "success_rate": 0.71, "ci_low": None, "ci_high": None,
-                                             "episodes": None, "mean_turns": None, "mean_turns_success": None,
-                                             "rank": None, "protocol_note": "step limit 30, others 50"}}},
-        {"agent": "sneaky", "source": "reported",
-         "reference": {"paper": "Sneaky", "url": "javascript:window.__pwned=1", "model": "m", "protocol": "p",
-                       "note": ""},
-         "protocol": {}, "cells": {"webshop/test": {"run_id": None, "success_rate": 0.5, "ci_low": None,
-                                                     "ci_high": None, "episodes": None, "mean_turns": None,
-                                                     "mean_turns_success": None, "rank": None,
-                                                     "protocol_note": None}}},
+        {
+            "agent": "expert",
+            "source": "measured",
+            "reference": None,
+            "protocol": {"template": "none", "max_steps": 50},
+            "cells": {
+                "alfworld/valid_seen": {
+                    "run_id": "webshop-test-expert-s0",
+                    "success_rate": 0.7,
+                    "ci_low": 0.6,
+                    "ci_high": 0.8,
+                    "episodes": 140,
+                    "mean_turns": 12.3,
+                    "mean_turns_success": 8.1,
+                    "rank": 1,
+                    "protocol_note": None,
+                }
+            },
+        },
+        {
+            "agent": f"ReAct {HOSTILE_MARKUP}",
+            "source": "reported",
+            "reference": {
+                "paper": "ReAct (Yao et al., 2023)",
+                "url": "https://arxiv.org/abs/2210.03629",
+                "model": "PaLM-540B",
+                "protocol": "two-shot prompts",
+                "note": f"best of 6 {HOSTILE_SCRIPT}",
+            },
+            "protocol": {},
+            "cells": {
+                "alfworld/valid_unseen": {
+                    "run_id": None,
+                    "success_rate": 0.71,
+                    "ci_low": None,
+                    "ci_high": None,
+                    "episodes": None,
+                    "mean_turns": None,
+                    "mean_turns_success": None,
+                    "rank": None,
+                    "protocol_note": "step limit 30, others 50",
+                }
+            },
+        },
+        {
+            "agent": "sneaky",
+            "source": "reported",
+            "reference": {
+                "paper": "Sneaky",
+                "url": "javascript:window.__pwned=1",
+                "model": "m",
+                "protocol": "p",
+                "note": "",
+            },
+            "protocol": {},
+            "cells": {
+                "webshop/test": {
+                    "run_id": None,
+                    "success_rate": 0.5,
+                    "ci_low": None,
+                    "ci_high": None,
+                    "episodes": None,
+                    "mean_turns": None,
+                    "mean_turns_success": None,
+                    "rank": None,
+                    "protocol_note": None,
+                }
+            },
+        },
     ],
     "notes": ["Reported rows are not ranked.", f"note with {HOSTILE_MARKUP}"],
 }
@@ -312,21 +420,31 @@ def test_run_page_numbers_match_the_metrics(client, runs, run_id):
     assert [int(tr["data-index"]) for tr in episodes] == [e["episode_index"] for e in run["episodes"]]
     for tr, e in zip(episodes, run["episodes"]):
         cells = [text(td) for td in tr.find_all("td")]
-        assert cells[:6] == [str(e["episode_index"]), e["task_id"], e["task_type"], "yes" if e["success"] else "no",
-                             f"{e['score']:.2f}", str(e["turns"])]
+        assert cells[:6] == [
+            str(e["episode_index"]),
+            e["task_id"],
+            e["task_type"],
+            "yes" if e["success"] else "no",
+            f"{e['score']:.2f}",
+            str(e["turns"]),
+        ]
         assert tr.find("a", class_="episode-link")["href"] == f"/runs/{run_id}/episodes/{e['episode_index']}"
 
     # the same agent on every split of the env, ID before OOD, with the kinds the leaderboard module gives
     splits = soup.find("table", id="splits").find("tbody").find_all("tr")
-    expected = sorted((r for r in runs.values() if r["env"] == run["env"] and r["agent"] == run["agent"]),
-                      key=lambda r: (split_kind(r["env"], r["split"]) != "ID", r["split"]))
+    expected = sorted(
+        (r for r in runs.values() if r["env"] == run["env"] and r["agent"] == run["agent"]),
+        key=lambda r: (split_kind(r["env"], r["split"]) != "ID", r["split"]),
+    )
     assert [tr["data-run"] for tr in splits] == [r["run_id"] for r in expected]
     assert {tr["data-run"]: text(tr.find(class_="kind")) for tr in splits} == {
-        r["run_id"]: split_kind(r["env"], r["split"]) for r in expected}
+        r["run_id"]: split_kind(r["env"], r["split"]) for r in expected
+    }
     assert [tr["data-run"] for tr in splits if "current" in (tr.get("class") or [])] == [run_id]
 
     assert [img["src"] for img in soup.find_all("img", class_="plot")] == [
-        f"/runs/{run_id}/plots/{name}.png" for name in ("task_types", "turns", "splits")]
+        f"/runs/{run_id}/plots/{name}.png" for name in ("task_types", "turns", "splits")
+    ]
     assert '"agent": "' + run["agent"] + '"' in text(soup.find("pre", id="config"))
     assert soup.find(id="agent-stats") is None  # random and expert report no agent_info
 
@@ -411,8 +529,9 @@ def test_trajectory_viewer_shows_agent_info(client):
 
 def hostile_urls() -> list[str]:
     run = run_url(HOSTILE_RUN)
-    return (["/", run, f"{run}/episodes/1", "/runs/%3Cscript%3Ealert(1)%3C"]
-            + [f"{run}/episodes/0?step={k}" for k in range(4)])
+    return ["/", run, f"{run}/episodes/1", "/runs/%3Cscript%3Ealert(1)%3C"] + [
+        f"{run}/episodes/0?step={k}" for k in range(4)
+    ]
 
 
 @pytest.mark.parametrize("url", hostile_urls())
@@ -518,11 +637,20 @@ def test_plot_functions_are_pure():
 
     from envrl.evaluation import plots
 
-    bars = [plots.RateBar("a", 0.5, 0.2, 0.8, 10), plots.RateBar("b" * 40, 1.0, 0.7, 1.0, 5, kind="OOD",
-                                                                  highlight=True)]
-    outputs = [plots.task_type_png(bars), plots.split_png(bars), plots.task_type_png([]), plots.split_png([]),
-               plots.turns_histogram_png([3, 4, 4], [15, 15]), plots.turns_histogram_png([], []),
-               plots.turns_histogram_png([1], [500]), plots.turns_histogram_png([7], [])]
+    bars = [
+        plots.RateBar("a", 0.5, 0.2, 0.8, 10),
+        plots.RateBar("b" * 40, 1.0, 0.7, 1.0, 5, kind="OOD", highlight=True),
+    ]
+    outputs = [
+        plots.task_type_png(bars),
+        plots.split_png(bars),
+        plots.task_type_png([]),
+        plots.split_png([]),
+        plots.turns_histogram_png([3, 4, 4], [15, 15]),
+        plots.turns_histogram_png([], []),
+        plots.turns_histogram_png([1], [500]),
+        plots.turns_histogram_png([7], []),
+    ]
     assert all(png_size(png) == (640, 320) for png in outputs)
     assert plots.split_png(bars) == outputs[1]  # same data, same bytes
     assert len(plt.get_fignums()) == 0
@@ -551,8 +679,11 @@ def test_pages_follow_a_run_while_it_is_written(client, runs_dir):
 
 def file_digests(root: Path) -> dict[str, str]:
     """Content digests of the store's files (SQLite's transient -wal/-shm files aside)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.name.endswith(("-wal", "-shm"))}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(("-wal", "-shm"))
+    }
 
 
 def test_browsing_does_not_write_the_store(client, runs_dir, runs):
@@ -574,8 +705,9 @@ def test_browsing_does_not_write_the_store(client, runs_dir, runs):
 def test_serve_prints_its_url_and_exits_0_on_a_signal(runs_dir, signum):
     code = "import sys; from envrl.evaluation.web import serve; sys.exit(serve(sys.argv[1], port=0))"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(runs_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(runs_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         line = proc.stdout.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
@@ -604,4 +736,3 @@ def test_serve_reports_a_port_in_use(runs_dir, capsys):
         taken.listen()
         assert serve(runs_dir, port=taken.getsockname()[1]) == 1
     assert "cannot listen" in capsys.readouterr().err
-

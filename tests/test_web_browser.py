@@ -12,8 +12,9 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -31,8 +32,15 @@ from envrl.evaluation.leaderboard import leaderboard_data  # noqa: E402
 from envrl.evaluation.metrics import summarize  # noqa: E402
 from envrl.evaluation.store import ResultStore  # noqa: E402
 
-CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 TIMEOUT = 20
 RUN = "webshop-test-expert-s0"
 
@@ -150,8 +158,11 @@ def test_leaderboard_then_a_run_page_with_its_plots(driver, site):
     for row in data["rows"]:
         for key, cell in row["cells"].items():
             if cell.get("run_id") and cell["success_rate"] is not None:
-                [td] = [td for td in css(table, "td.cell")
-                        if td.get_attribute("data-column") == key and td.get_attribute("data-run") == cell["run_id"]]
+                [td] = [
+                    td
+                    for td in css(table, "td.cell")
+                    if td.get_attribute("data-column") == key and td.get_attribute("data-run") == cell["run_id"]
+                ]
                 assert words(css(td, ".rate")[0]) == shared.pct(cell["success_rate"])
                 assert words(css(td, ".ci")[0]) == shared.ci(cell["ci_low"], cell["ci_high"])
                 checked += 1

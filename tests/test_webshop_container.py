@@ -45,7 +45,9 @@ def _podman() -> str:
 def _run(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -61,9 +63,22 @@ def image(timings) -> str:
         started = time.monotonic()
         _run("bash", str(REPO / "docker" / "base-image.sh"), BASE_IMAGE, timeout=BUILD_TIMEOUT)
         timings["base_image_s"] = round(time.monotonic() - started, 1)
-    build = [podman, "build", "--format", "docker", "--isolation", "chroot", "--network", "host",
-             "--build-arg", f"BASE={BASE_IMAGE}", "-f", str(REPO / "docker" / "webshop" / "Dockerfile"),
-             "-t", IMAGE]
+    build = [
+        podman,
+        "build",
+        "--format",
+        "docker",
+        "--isolation",
+        "chroot",
+        "--network",
+        "host",
+        "--build-arg",
+        f"BASE={BASE_IMAGE}",
+        "-f",
+        str(REPO / "docker" / "webshop" / "Dockerfile"),
+        "-t",
+        IMAGE,
+    ]
     if os.path.exists(CA_BUNDLE):  # pip in the build trusts the host's CAs (a TLS-intercepting proxy)
         build += ["-v", f"{CA_BUNDLE}:/run/host-ca.crt:ro", "--build-arg", "HOST_CA=/run/host-ca.crt"]
     started = time.monotonic()
@@ -147,8 +162,7 @@ def test_gym_env_over_http_equals_in_process(container):
 
 def test_image_is_lean_and_healthcheck_passes(container):
     podman = _podman()
-    probe = ("import importlib.util as u; "
-             "print([m for m in ('alfworld', 'textworld', 'torch') if u.find_spec(m)])")
+    probe = "import importlib.util as u; print([m for m in ('alfworld', 'textworld', 'torch') if u.find_spec(m)])"
     found = _run(podman, "exec", container["name"], "python3", "-c", probe).stdout.strip()
     assert found == "[]", f"heavy packages in the server image: {found}"
     user = _run(podman, "exec", container["name"], "id", "-u").stdout.strip()

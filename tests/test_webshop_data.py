@@ -14,12 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO, SHARED_WEBSHOP, require_shared_data
 
-from envrl.envs.webshop import builtin, catalog, goals as G, search as S, store as ST
+from envrl.envs.webshop import builtin, catalog
+from envrl.envs.webshop import goals as G
+from envrl.envs.webshop import search as S
+from envrl.envs.webshop import store as ST
 from envrl.envs.webshop.catalog import WebShopDataError
 from envrl.envs.webshop.reward import PRICE_RANGE, get_reward
 
-from conftest import REPO, SHARED_WEBSHOP, require_shared_data
 SAMPLE_PRODUCTS = SHARED_WEBSHOP / "samples" / "items_shuffle_1000.first4products.json"
 SAMPLE_HUMAN = SHARED_WEBSHOP / "samples" / "items_human_ins.first31asins.json"
 ATTRIBUTES_1000 = SHARED_WEBSHOP / "items_ins_v2_1000.json"
@@ -76,23 +79,39 @@ def test_official_sample_records_parse_into_engine_schema(official):
     assert not {"brand", "seller_id", "product_information", "small_description_old"} & set(table)
 
     pumps = by_asin["B08R3XSC65"]
-    assert pumps["pricing"] == [100.0] and pumps["Price"] == "$100.0"   # "" -> the default
-    assert pumps["Attributes"] == []                                     # present but empty
-    assert by_asin["B09DG92LJL"]["options"] == {}                        # {"Color": null}
+    assert pumps["pricing"] == [100.0] and pumps["Price"] == "$100.0"  # "" -> the default
+    assert pumps["Attributes"] == []  # present but empty
+    assert by_asin["B09DG92LJL"]["options"] == {}  # {"Color": null}
     shampoo = by_asin["B07B6DVG41"]
     assert shampoo["instruction_text"].startswith("Find me sulfate free, paraben free shampoo")
     assert "hair loss" in shampoo["instruction_attributes"]
 
 
 def test_engine_schema_details():
-    raw = [{"asin": "A1", "name": "T", "full_description": "D", "small_description": "one bullet",
-            "pricing": "$1,299.99 - $1,499.00 - $9.00", "images": ["img"], "category": "c",
-            "query": "  Some Query ", "product_category": "x › y",
-            "customization_options": {"Color": [{"value": " Black/White ", "image": "i1"}],
-                                      "Size": [{"value": "XL"}], "Style": None}},
-           {"asin": "A1", "name": "dup"}, {"asin": "nan", "name": "x"}, {"asin": "B0123456789X"}]
-    reviews = [{"asin": "A1", "reviews": [{"title": "ok", "stars": 4, "review": "fine"},
-                                          {"score": 2}], "average_rating": 3.0}]
+    raw = [
+        {
+            "asin": "A1",
+            "name": "T",
+            "full_description": "D",
+            "small_description": "one bullet",
+            "pricing": "$1,299.99 - $1,499.00 - $9.00",
+            "images": ["img"],
+            "category": "c",
+            "query": "  Some Query ",
+            "product_category": "x › y",
+            "customization_options": {
+                "Color": [{"value": " Black/White ", "image": "i1"}],
+                "Size": [{"value": "XL"}],
+                "Style": None,
+            },
+        },
+        {"asin": "A1", "name": "dup"},
+        {"asin": "nan", "name": "x"},
+        {"asin": "B0123456789X"},
+    ]
+    reviews = [
+        {"asin": "A1", "reviews": [{"title": "ok", "stars": 4, "review": "fine"}, {"score": 2}], "average_rating": 3.0}
+    ]
     (p,) = catalog.build_products(raw, {}, None, reviews)
     assert p["pricing"] == [1299.99, 1499.0] and p["Price"] == "$1299.99 to $1499.0"
     assert p["query"] == "some query" and p["BulletPoints"] == ["one bullet"]
@@ -114,9 +133,13 @@ def test_official_store_synthetic_and_human_goals(official, tmp_path):
     assert store.reward(0, "B07B6DVG41", {})[0] == 1.0
 
     human = json.loads(SAMPLE_HUMAN.read_text())
-    record = dict(human["B01HOMR4AU"][0], asin="B06Y3VLDFB",
-                  instruction="i want a rustic console table.", instruction_attributes=["solid wood"],
-                  instruction_options=[])
+    record = dict(
+        human["B01HOMR4AU"][0],
+        asin="B06Y3VLDFB",
+        instruction="i want a rustic console table.",
+        instruction_attributes=["solid wood"],
+        instruction_options=[],
+    )
     folder2 = _official_dir(tmp_path / "h", {"B06Y3VLDFB": [record, dict(record, instruction_attributes=[])]})
     store = ST.build_store(data_dir=folder2)
     assert store.human_goals and len(store.goals) == 1  # the one without attributes is skipped
@@ -160,9 +183,16 @@ def test_goal_order_is_the_originals(official):
 
 
 def _goal_product(goal: dict) -> dict:
-    return {"asin": goal["asin"], "name": goal["name"], "Title": goal["name"], "query": goal["query"],
-            "product_category": goal["product_category"], "Attributes": list(goal["attributes"]),
-            "BulletPoints": [], "Description": ""}
+    return {
+        "asin": goal["asin"],
+        "name": goal["name"],
+        "Title": goal["name"],
+        "query": goal["query"],
+        "product_category": goal["product_category"],
+        "Attributes": list(goal["attributes"]),
+        "BulletPoints": [],
+        "Description": "",
+    }
 
 
 def test_human_trajectory_goals_reward_their_own_product(official):
@@ -171,15 +201,26 @@ def test_human_trajectory_goals_reward_their_own_product(official):
     for path in paths:
         records = [json.loads(line) for line in open(path)]
         goal = records[0]["goal"]
-        assert set(goal) == {"asin", "category", "query", "name", "product_category",
-                             "instruction_text", "attributes", "price_upper", "goal_options", "weight"}
+        assert set(goal) == {
+            "asin",
+            "category",
+            "query",
+            "name",
+            "product_category",
+            "instruction_text",
+            "attributes",
+            "price_upper",
+            "goal_options",
+            "weight",
+        }
         options = {("size" if v.isdigit() else "color"): v for v in goal["goal_options"]}
         total, info = get_reward(_goal_product(goal), goal, goal["price_upper"] / 2, options)
         assert total == 1.0, (path, info)
         for done in (r for r in records if r["page"] == "done"):
             if done["content"]["asin"] == goal["asin"]:  # bought the goal product itself
-                total, info = get_reward(_goal_product(goal), goal, done["content"]["price"],
-                                         done["content"]["options"])
+                total, info = get_reward(
+                    _goal_product(goal), goal, done["content"]["price"], done["content"]["options"]
+                )
                 assert total == done["reward"]
                 for key in ("r_type", "r_att", "query_match", "category_match", "r_price"):
                     assert info[key] == done["reward_info"][key]
@@ -206,14 +247,25 @@ def test_builtin_raw_files_follow_the_official_format(official):
     products, attributes, reviews = builtin.generate(50)
     sample = json.loads(SAMPLE_PRODUCTS.read_text())[0]
     assert set(products[0]) <= set(sample) | {"small_description_old"}
-    assert {"asin", "name", "full_description", "pricing", "images", "product_category",
-            "small_description", "customization_options", "category", "query"} <= set(products[0])
+    assert {
+        "asin",
+        "name",
+        "full_description",
+        "pricing",
+        "images",
+        "product_category",
+        "small_description",
+        "customization_options",
+        "category",
+        "query",
+    } <= set(products[0])
     official_ins = json.loads(ATTRIBUTES_1000.read_text())
     keysets = {tuple(sorted(v)) for v in official_ins.values()}
     assert {tuple(sorted(v)) for v in attributes.values()} <= keysets
     assert all(set(r) == {"asin", "reviews", "average_rating"} for r in reviews)
-    assert all(re.fullmatch(r"Find me [a-z0-9&',\- ]+", v["instruction"])
-               for v in attributes.values() if "instruction" in v)
+    assert all(
+        re.fullmatch(r"Find me [a-z0-9&',\- ]+", v["instruction"]) for v in attributes.values() if "instruction" in v
+    )
 
 
 def test_builtin_prefix_and_cache(tmp_path, monkeypatch):
@@ -233,7 +285,7 @@ def test_synthetic_goal_text_and_price_bounds(store1k):
         assert goal["name"] == product["Title"]
         assert set(goal["goal_options"]) == set(product["options"])
         options = ", and ".join(f"{k}: {v}" for k, v in goal["goal_options"].items())
-        suffix = (f" with {options}" if options else "")
+        suffix = f" with {options}" if options else ""
         price = store1k.prices[goal["asin"]]
         above = [p for p in PRICE_RANGE if p > price][:4]
         if len(above) >= 2:
@@ -313,8 +365,18 @@ def test_search_finds_the_goal_product(store1k):
 
 def test_s_stemmer_and_analysis():
     words = ("ponies", "shoes", "glasses", "boxes", "watches", "bus", "dress", "cats", "is", "cases")
-    assert [S.s_stem(w) for w in words] == \
-        ["pony", "shoe", "glass", "box", "watch", "bus", "dress", "cat", "is", "case"]
+    assert [S.s_stem(w) for w in words] == [
+        "pony",
+        "shoe",
+        "glass",
+        "box",
+        "watch",
+        "bus",
+        "dress",
+        "cat",
+        "is",
+        "case",
+    ]
     assert S.analyze("The Shoes, for Women!") == ["shoe", "women"]
 
 
@@ -349,11 +411,21 @@ def test_same_data_in_separate_processes(store1k):
     for hash_seed in ("1", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, ENVRL_WEBSHOP_NOUNS="approx")
         env.pop("WEBSHOP_DATA", None)
-        out = subprocess.run([sys.executable, "-c", _FINGERPRINT], env=env, cwd=REPO,
-                             capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _FINGERPRINT],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         outputs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert outputs[0] == outputs[1]
-    h = lambda x: hashlib.sha256(json.dumps(x, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+    def h(x):
+        return hashlib.sha256(json.dumps(x, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
     assert outputs[0]["goals"] == h(store1k.goals)
     assert outputs[0]["splits"] == h({k: store1k.split_goals(k) for k in G.SPLITS})
     assert outputs[0]["catalog"] == builtin.catalog_digest(1000)

@@ -27,10 +27,18 @@ from envrl.envs.webshop.store import load_store  # noqa: E402
 
 INSTRUCTION = "i need a blue cotton shirt, and price lower than 30.00 dollars"
 PRODUCT = {
-    "asin": "B0TESTSHRT", "Title": "Acme Cotton Shirt & Tie <Set>", "Price": "$19.99", "Rating": "N.A.",
-    "options": {"color": ["blue", "red"], "size": ["small", "x-large"]}, "Description": "Soft.\r\nWarm.",
-    "BulletPoints": ["100% cotton", "machine wash"], "Reviews": [{"title": "Nice", "score": 5, "body": "fits"}],
-    "Attributes": ["cotton"], "category": "fashion", "query": "shirts", "product_category": "Shirts",
+    "asin": "B0TESTSHRT",
+    "Title": "Acme Cotton Shirt & Tie <Set>",
+    "Price": "$19.99",
+    "Rating": "N.A.",
+    "options": {"color": ["blue", "red"], "size": ["small", "x-large"]},
+    "Description": "Soft.\r\nWarm.",
+    "BulletPoints": ["100% cotton", "machine wash"],
+    "Reviews": [{"title": "Nice", "score": 5, "body": "fits"}],
+    "Attributes": ["cotton"],
+    "category": "fashion",
+    "query": "shirts",
+    "product_category": "Shirts",
 }
 
 
@@ -56,12 +64,20 @@ def _render_item_page(app, chosen: dict[str, str]) -> tuple[str, str]:
     keywords = ["blue", "shirt"]
     with app.test_request_context():
         html = site.render_template(
-            "item.html", instruction=INSTRUCTION, home_url="/fixed_7", product=PRODUCT, asin=PRODUCT["asin"],
-            options_json=json.dumps(chosen), back_url=results_url("fixed_7", keywords, 2),
+            "item.html",
+            instruction=INSTRUCTION,
+            home_url="/fixed_7",
+            product=PRODUCT,
+            asin=PRODUCT["asin"],
+            options_json=json.dumps(chosen),
+            back_url=results_url("fixed_7", keywords, 2),
             groups=site._option_groups("fixed_7", PRODUCT["asin"], keywords, 2, PRODUCT, chosen),
-            sub_pages=[(name, item_sub_url("fixed_7", PRODUCT["asin"], keywords, 2, name, chosen))
-                       for name in ("Description", "Features", "Reviews")],
-            buy_url=done_url("fixed_7", PRODUCT["asin"], chosen))
+            sub_pages=[
+                (name, item_sub_url("fixed_7", PRODUCT["asin"], keywords, 2, name, chosen))
+                for name in ("Description", "Features", "Reviews")
+            ],
+            buy_url=done_url("fixed_7", PRODUCT["asin"], chosen),
+        )
     return html, item_url("fixed_7", PRODUCT["asin"], keywords, 2, chosen)
 
 
@@ -75,7 +91,8 @@ def test_item_page_text_is_pinned(app):
         "Instruction: [SEP] i need a blue cotton shirt, and price lower than 30.00 dollars [SEP] Back to Search "
         "[SEP] < Prev [SEP] color [SEP] blue [SEP] red [SEP] size [SEP] small [SEP] x-large "
         "[SEP] Acme Cotton Shirt & Tie <Set> [SEP] Price: $19.99 [SEP] Rating: N.A. [SEP] Description "
-        "[SEP] Features [SEP] Reviews [SEP] Buy Now")
+        "[SEP] Features [SEP] Reviews [SEP] Buy Now"
+    )
 
 
 def test_item_page_text_rich_is_pinned(app):
@@ -100,7 +117,8 @@ def test_item_page_text_rich_is_pinned(app):
         "[button] Description [button_]\n"
         "[button] Features [button_]\n"
         "[button] Reviews [button_]\n"
-        "[button] Buy Now [button_]\n")
+        "[button] Buy Now [button_]\n"
+    )
 
 
 def test_item_page_clickables(app):
@@ -109,15 +127,29 @@ def test_item_page_clickables(app):
     assert page.kind == "item" and not page.has_search_bar and page.search_action is None
     assert page.instruction == INSTRUCTION and page.asin == "B0TESTSHRT" and page.options == {"color": "blue"}
     assert page.reward is None and page.reward_info is None
-    assert list(page.clickables) == ["back to search", "< prev", "blue", "red", "small", "x-large",
-                                     "description", "features", "reviews", "buy now"]
+    assert list(page.clickables) == [
+        "back to search",
+        "< prev",
+        "blue",
+        "red",
+        "small",
+        "x-large",
+        "description",
+        "features",
+        "reviews",
+        "buy now",
+    ]
     assert page.clickables["back to search"] == Clickable(
-        text="back to search", href="/fixed_7", selector='[data-clickable="back-to-search"]', kind="button")
+        text="back to search", href="/fixed_7", selector='[data-clickable="back-to-search"]', kind="button"
+    )
     assert page.clickables["< prev"].href == "/search_results/fixed_7/%5B'blue',%20'shirt'%5D/2"
     assert page.clickables["x-large"] == Clickable(
-        text="x-large", kind="option", selector='[data-clickable="option-1-1"]',
+        text="x-large",
+        kind="option",
+        selector='[data-clickable="option-1-1"]',
         href="/item_page/fixed_7/B0TESTSHRT/%5B'blue',%20'shirt'%5D/2/"
-             "%7B%22color%22:%20%22blue%22,%20%22size%22:%20%22x-large%22%7D")
+        "%7B%22color%22:%20%22blue%22,%20%22size%22:%20%22x-large%22%7D",
+    )
     assert page.clickables["buy now"].href == "/done/fixed_7/B0TESTSHRT/%7B%22color%22:%20%22blue%22%7D"
     assert page.clickables["reviews"].href.startswith("/item_sub_page/fixed_7/B0TESTSHRT/")
     assert {c.kind for c in page.clickables.values()} == {"button", "option"}
@@ -128,41 +160,54 @@ def test_item_page_clickables(app):
 def test_small_hand_written_page():
     """The reading needs only the markers: a minimal page in the site's markup."""
     html = (
-        '<html><head><title>WebShop</title><style>p { color: red }</style></head>'
+        "<html><head><title>WebShop</title><style>p { color: red }</style></head>"
         '<body data-page="results"><div id="instruction-text"><h4>Instruction:<br>'
         '<span id="instruction">find a mug</span></h4></div>'
         '<a class="btn" data-kind="button" data-clickable="back-to-search" href="/s">Back to Search</a>'
-        '<h3>Page 1 (Total results: 2)</h3><!-- a comment -->'
+        "<h3>Page 1 (Total results: 2)</h3><!-- a comment -->"
         '<h4><a class="product-link" data-kind="product" data-clickable="product-0" href="/i/B01">B01</a></h4>'
-        '<h4>Blue &amp; White Mug</h4><h5>$5.0</h5>'
+        "<h4>Blue &amp; White Mug</h4><h5>$5.0</h5>"
         '<h4><a class="product-link" data-kind="product" data-clickable="product-1" href="/i/B02">B02</a></h4>'
-        '<h4>Red Mug</h4><h5>$6.5 to $7.0</h5>'
-        '<script>var hidden = "not text";</script></body></html>')
+        "<h4>Red Mug</h4><h5>$6.5 to $7.0</h5>"
+        '<script>var hidden = "not text";</script></body></html>'
+    )
     page = parse_page(html, "/search_results/s/x/1")
     assert render_observation(page, "text") == (
         "Instruction: [SEP] find a mug [SEP] Back to Search [SEP] Page 1 (Total results: 2) [SEP] B01 [SEP] "
-        "Blue & White Mug [SEP] $5.0 [SEP] B02 [SEP] Red Mug [SEP] $6.5 to $7.0")
+        "Blue & White Mug [SEP] $5.0 [SEP] B02 [SEP] Red Mug [SEP] $6.5 to $7.0"
+    )
     assert render_observation(page, "text_rich", visited_asins=["b02"]) == (
         "Instruction:\nfind a mug\n[button] Back to Search [button_]\nPage 1 (Total results: 2)\n"
         "\n[button] B01 [button_]\nBlue & White Mug\n$5.0\n"
-        "\n[clicked button] B02 [clicked button_]\nRed Mug\n$6.5 to $7.0\n")
+        "\n[clicked button] B02 [clicked button_]\nRed Mug\n$6.5 to $7.0\n"
+    )
     assert list(page.clickables) == ["back to search", "b01", "b02"]
     assert page.clickables["b01"] == Clickable("b01", "/i/B01", '[data-clickable="product-0"]', "product")
     assert render_observation(page, "html") == html
 
 
 def test_done_page_reading():
-    payload = {"reward": 0.75, "reward_info": {"r_type": 1.0, "r_att": 0.5}, "instruction": "buy a mug",
-               "asin": "B01", "options": {}, "goal_index": 3, "session_id": "fixed_3"}
-    html = ('<!DOCTYPE html><html><body data-page="done" data-asin="B01" data-options="{}">'
-            '<h1>Thank you for shopping with us!</h1><h3 id="reward">Your score (min 0.0, max 1.0)</h3>'
-            f'<div>0.75</div><script type="application/json" id="reward-info">{json.dumps(payload)}</script>'
-            '</body></html>')
+    payload = {
+        "reward": 0.75,
+        "reward_info": {"r_type": 1.0, "r_att": 0.5},
+        "instruction": "buy a mug",
+        "asin": "B01",
+        "options": {},
+        "goal_index": 3,
+        "session_id": "fixed_3",
+    }
+    html = (
+        '<!DOCTYPE html><html><body data-page="done" data-asin="B01" data-options="{}">'
+        '<h1>Thank you for shopping with us!</h1><h3 id="reward">Your score (min 0.0, max 1.0)</h3>'
+        f'<div>0.75</div><script type="application/json" id="reward-info">{json.dumps(payload)}</script>'
+        "</body></html>"
+    )
     page = parse_page(html, "/done/fixed_3/B01/%7B%7D")
     assert page.kind == "done" and page.reward == 0.75 and page.reward_info == {"r_type": 1.0, "r_att": 0.5}
     assert page.instruction == "buy a mug" and page.asin == "B01" and page.clickables == {}
     assert render_observation(page, "text") == (
-        "Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 0.75")
+        "Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 0.75"
+    )
 
 
 def test_modes_and_errors():
@@ -218,7 +263,10 @@ def test_clickables_of_each_page_kind(client, store):
         assert page.kind == "results" and buttons[0] == "back to search" and len(products) <= 10
         assert all(t == t.lower() and page.clickables[t].href.startswith("/item_page/fixed_9/") for t in products)
     assert [t for t, c in pages["results"].clickables.items() if c.kind == "button"] == ["back to search", "next >"]
-    assert [t for t, c in pages["results2"].clickables.items() if c.kind == "button"][:2] == ["back to search", "< prev"]
+    assert [t for t, c in pages["results2"].clickables.items() if c.kind == "button"][:2] == [
+        "back to search",
+        "< prev",
+    ]
     item = pages["item_chosen"]
     assert item.kind == "item" and {c.kind for c in item.clickables.values()} == {"button", "option"}
     option_count = sum(len(v) for v in store.by_asin[item.asin]["options"].values())
@@ -238,16 +286,27 @@ def test_description_page_text(client, store):
     page = parse_page(client.get(url).get_data(as_text=True), url)
     assert render_observation(page, "text") == (
         f"Instruction: [SEP] {store.goals[0]['instruction_text']} [SEP] Back to Search [SEP] < Prev "
-        f"[SEP] {product['Description'].strip()}")
+        f"[SEP] {product['Description'].strip()}"
+    )
 
 
 # ---- serialization independence ----------------------------------------------------------------------
 
 
 def _reading(page, visited=()) -> tuple:
-    return (page.kind, page.has_search_bar, page.search_action, page.clickables, page.instruction, page.reward,
-            page.reward_info, page.asin, dict(page.options), render_observation(page, "text"),
-            render_observation(page, "text_rich", visited))
+    return (
+        page.kind,
+        page.has_search_bar,
+        page.search_action,
+        page.clickables,
+        page.instruction,
+        page.reward,
+        page.reward_info,
+        page.asin,
+        dict(page.options),
+        render_observation(page, "text"),
+        render_observation(page, "text_rich", visited),
+    )
 
 
 def _reserializations(html: str) -> list[str]:
@@ -273,8 +332,15 @@ def test_any_text_reads_back_the_same(app, title, price, instruction):
 
     with app.test_request_context():
         html = site.render_template(
-            "results.html", instruction=instruction, home_url="/fixed_0", page=1, total=1, prev_url=None,
-            next_url=None, items=[{"asin": "B0FUZZ0001", "title": title, "price": price, "url": "/item"}])
+            "results.html",
+            instruction=instruction,
+            home_url="/fixed_0",
+            page=1,
+            total=1,
+            prev_url=None,
+            next_url=None,
+            items=[{"asin": "B0FUZZ0001", "title": title, "price": price, "url": "/item"}],
+        )
     page = parse_page(html, "/search_results/fixed_0/x/1")
     text = render_observation(page, "text")
     for value in (title, price):
@@ -311,9 +377,16 @@ def test_browser_page_source_reads_the_same(app, client, store):
     thread.start()
     profile = tempfile.mkdtemp(prefix="envrl-test-chromium-")
     options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     options.binary_location = chromium
     driver = webdriver.Chrome(options=options, service=Service(driver_path))

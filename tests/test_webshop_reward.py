@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import glob
 import json
-import pytest
 
+import pytest
 from conftest import SHARED_WEBSHOP, require_shared_data
+
 from envrl.envs.webshop import reward as R
 from envrl.envs.webshop.normalize import normalize_color
 
@@ -25,9 +26,15 @@ def _approx_nouns(monkeypatch):
 
 
 def product(**kw):
-    base = {"name": "Oak Table", "Title": "Oak Table", "query": "tables",
-            "product_category": "Home › Furniture › Tables", "Attributes": [],
-            "BulletPoints": [], "Description": ""}
+    base = {
+        "name": "Oak Table",
+        "Title": "Oak Table",
+        "query": "tables",
+        "product_category": "Home › Furniture › Tables",
+        "Attributes": [],
+        "BulletPoints": [],
+        "Description": "",
+    }
     base.update(kw)
     if "name" in kw and "Title" not in kw:
         base["Title"] = kw["name"]
@@ -35,9 +42,16 @@ def product(**kw):
 
 
 def goal(**kw):
-    base = {"asin": "G", "name": "Oak Table", "query": "tables",
-            "product_category": "Home › Furniture › Tables", "attributes": ["oak"],
-            "goal_options": {}, "price_upper": 100.0, "weight": 1}
+    base = {
+        "asin": "G",
+        "name": "Oak Table",
+        "query": "tables",
+        "product_category": "Home › Furniture › Tables",
+        "attributes": ["oak"],
+        "goal_options": {},
+        "price_upper": 100.0,
+        "weight": 1,
+    }
     base.update(kw)
     return base
 
@@ -45,16 +59,19 @@ def goal(**kw):
 # --------------------------------------------------------------------------- similarity
 
 
-@pytest.mark.parametrize("a, b, expected", [
-    ("Sulfate-Free", "sulfate free", 100),      # punctuation -> space, lowercase
-    ("noise cancelling", "noise canceling", 97),  # 1 - 1/(16+15) = 0.9677 -> 97
-    ("long lasting", "long battery life", 55),   # best of 50, 38, 1 - 13/29 = 55.2
-    ("large", "x-large", 100),                   # {large} is a subset of {x, large}
-    ("blue", "navy", 0),
-    ("Décor", "decor", 89),                      # "dcor" vs "decor": 1 - 1/9 = 0.889
-    ("a" * 27, "a" * 20, 85),                    # 1 - 7/47 = 0.85106: int(round()) -> 85
-    ("", "anything", 0),
-])
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        ("Sulfate-Free", "sulfate free", 100),  # punctuation -> space, lowercase
+        ("noise cancelling", "noise canceling", 97),  # 1 - 1/(16+15) = 0.9677 -> 97
+        ("long lasting", "long battery life", 55),  # best of 50, 38, 1 - 13/29 = 55.2
+        ("large", "x-large", 100),  # {large} is a subset of {x, large}
+        ("blue", "navy", 0),
+        ("Décor", "decor", 89),  # "dcor" vs "decor": 1 - 1/9 = 0.889
+        ("a" * 27, "a" * 20, 85),  # 1 - 7/47 = 0.85106: int(round()) -> 85
+        ("", "anything", 0),
+    ],
+)
 def test_similarity_matches_thefuzz(a, b, expected):
     assert R.similarity(a, b) == expected
 
@@ -69,9 +86,37 @@ def test_similarity_matches_the_real_thefuzz_on_random_pairs():
     import random
 
     fuzz = pytest.importorskip("thefuzz.fuzz")
-    words = ["sea", "salt", "vinegar", "Sea-Salt", "x-large", "large", "navy", "blue", "Décor", "décor",
-             "pack", "of", "2", "12", "oz", "jalapeño", "noise", "cancelling", "canceling", "aaaa", "aaa",
-             "long", "lasting", "battery", "life", "&", "café", "ß", "日本"]
+    words = [
+        "sea",
+        "salt",
+        "vinegar",
+        "Sea-Salt",
+        "x-large",
+        "large",
+        "navy",
+        "blue",
+        "Décor",
+        "décor",
+        "pack",
+        "of",
+        "2",
+        "12",
+        "oz",
+        "jalapeño",
+        "noise",
+        "cancelling",
+        "canceling",
+        "aaaa",
+        "aaa",
+        "long",
+        "lasting",
+        "battery",
+        "life",
+        "&",
+        "café",
+        "ß",
+        "日本",
+    ]
     rng = random.Random(2024)
     pairs = [(_random_phrase(rng, words), _random_phrase(rng, words)) for _ in range(3000)]
     mismatches = [(a, b) for a, b in pairs if R.similarity(a, b) != fuzz.token_set_ratio(a, b)]
@@ -95,7 +140,7 @@ def test_rounding_decides_the_threshold():
 
 # --------------------------------------------------------------------------- type reward
 
-FIVE = "Sofa Couch Pillow Blanket Lamp"                     # 5 nouns
+FIVE = "Sofa Couch Pillow Blanket Lamp"  # 5 nouns
 ELEVEN = "Sofa Couch Pillow Blanket Lamp Desk Chair Shelf Mirror Clock Vase"  # 11 nouns
 
 
@@ -147,8 +192,11 @@ def test_title_score_counts_repeated_goal_nouns():
 
 
 def test_attribute_reward_fuzzy_then_text_fallback():
-    p = product(Attributes=["Sulfate-Free", "travel size"],
-                BulletPoints=["Made with TEA TREE oil"], Description="Gentle daily shampoo.")
+    p = product(
+        Attributes=["Sulfate-Free", "travel size"],
+        BulletPoints=["Made with TEA TREE oil"],
+        Description="Gentle daily shampoo.",
+    )
     g = goal(attributes=["sulfate free", "tea tree", "argan oil"])
     # sulfate free: similarity 100 > 85; tea tree: substring of the lowercased bullets;
     # argan oil: nowhere -> 2/3
@@ -175,7 +223,7 @@ def test_size_is_exact_other_options_fuzzy():
 
 
 def test_color_normalization_before_matching():
-    assert normalize_color("navy blue") == "blue"        # "blue" precedes "navy" in the list
+    assert normalize_color("navy blue") == "blue"  # "blue" precedes "navy" in the list
     assert normalize_color("violet lavender") == "lavender"
     assert normalize_color("black forest") == "black"
     assert normalize_color("123alabaster") == "alabaster"
@@ -199,21 +247,38 @@ def test_option_text_fallback_and_no_goal_options():
 
 def test_total_formula_and_weights():
     p = product(Attributes=["sulfate free"], BulletPoints=["with tea tree"])
-    g = goal(attributes=["sulfate free", "tea tree", "argan oil"],
-             goal_options={"size": "large", "color": "navy blue"}, price_upper=30.0)
+    g = goal(
+        attributes=["sulfate free", "tea tree", "argan oil"],
+        goal_options={"size": "large", "color": "navy blue"},
+        price_upper=30.0,
+    )
     total, info = R.get_reward(p, g, 25.0, {"size": "large", "color": "red"})
     # n_att = 2, n_opt = 1 (size exact; "red" vs ["large", "blue"] no), r_price = 1
     # total = (2 + 1 + 1) / (3 + 2 + 1) * r_type 1.0
     assert total == pytest.approx(4 / 6)
-    assert info == {"r_type": 1.0, "r_att": pytest.approx(2 / 3), "w_att": 3 / 6,
-                    "query_match": True, "category_match": True, "title_score": 1.0,
-                    "r_option": 0.5, "w_option": 2 / 6, "r_price": True, "w_price": 1 / 6}
+    assert info == {
+        "r_type": 1.0,
+        "r_att": pytest.approx(2 / 3),
+        "w_att": 3 / 6,
+        "query_match": True,
+        "category_match": True,
+        "title_score": 1.0,
+        "r_option": 0.5,
+        "w_option": 2 / 6,
+        "r_price": True,
+        "w_price": 1 / 6,
+    }
 
     total, info = R.get_reward(p, g, 35.0, {"size": "large", "color": "red"})
     assert info["r_price"] is False and total == pytest.approx(3 / 6)
 
-    cheap_other = product(name="Lamp", query="lamps", product_category="Lighting › Lamps",
-                          Attributes=["sulfate free"], BulletPoints=["with tea tree"])
+    cheap_other = product(
+        name="Lamp",
+        query="lamps",
+        product_category="Lighting › Lamps",
+        Attributes=["sulfate free"],
+        BulletPoints=["with tea tree"],
+    )
     g5 = dict(g, name=FIVE)
     total, info = R.get_reward(cheap_other, g5, 25.0, {"size": "large", "color": "red"})
     assert info["r_type"] == 0.5 and total == pytest.approx(4 / 6 * 0.5)
@@ -242,61 +307,83 @@ def test_success_is_one_for_the_goal_product():
 # The first 13 titles are real (the official product samples and the human_trajs goals); for
 # those 9 whose counts the original reveals (see the next test) the labels agree with it.
 LABELLED_TITLES = [
-    ("Vhomes Lights Reclaimed Wood Console Table The Genessis Collection Sofa-Tables",
-     "vhomes lights wood console table genessis collection sofa tables"),
-    ("Pointed Toe Pumps Shoes, Stiletto Plaid Leather High Heels, Sexy Elegant Party Wedding "
-     "Work Court Shoes,Wine red,40",
-     "toe pumps shoes stiletto plaid leather heels party wedding work court shoes wine"),
-    ("HSJWOSA Decorative Rustic Entryway Console Table, 60\" Long Sofa Table with Two Different "
-     "Size Drawers and Bottom Shelf for Storage Ornamental (Color : Black)",
-     "hsjwosa entryway console table sofa table size drawers bottom shelf storage color"),
-    ("100% PURE Glossy Locks: Repair Shampoo (13.5 Fl Oz), Sulfate Free Shampoo, Restores "
-     "Damaged Hair, Moisturizing, Improves Hair Growth, Made with Biotin, Coconut Oil",
-     "pure glossy locks repair shampoo fl oz sulfate shampoo hair hair growth biotin coconut oil"),
-    ("Nolany Modern Upholstered 3-Seat Sofa Couch w/Scrolled Arm and Nailhead Trim, Linen Fabric "
-     "Deep Seat Sofa for Living Room, Bedroom, Office, Apartment, Small Space in Grey",
-     "nolany seat sofa couch arm nailhead trim linen fabric seat sofa room bedroom office apartment space"),
-    ("Minkissy 5pcs Spray Bottle Portable Hair Salon Large Capacity Hairdressing Refillable "
-     "Container Spray Shampoo Pot (White, 260ml)",
-     "minkissy 5pcs spray bottle portable hair salon large capacity hairdressing refillable "
-     "container spray shampoo pot white 260ml"),
-    ("Walking Shoes for Women,Canvas Slip on Sneakers Flats Breathable Walking Leopard Shoes "
-     "Office Loafers",
-     "walking shoes women canvas slip sneakers flats walking shoes office loafers"),
-    ("DYKEISS Sport Silicone Band Compatible for Apple Watch Band 38mm 42mm 40mm 44mm 41mm 45mm, "
-     "Soft Replacement Apple Strap for iWatch Wristband Series 7/SE/6/5/4/3/2/1 Women Men",
-     "dykeiss sport silicone band apple watch band replacement apple strap iwatch wristband "
-     "series se women men"),
-    ("Letter I Birthday Cake Candles Set with Holders (96 Pack)",
-     "letter birthday cake candles set holders pack"),
-    ("Ice Face Roller, Ice Roller for Face and Eye, Gua Sha Face Massage, Facial Beauty Ice "
-     "Roller, Silicone Ice Mold for Face Beauty Valentines Day Gifts",
-     "ice face roller ice roller face eye gua sha face massage facial beauty ice roller silicone "
-     "ice mold face beauty valentines day gifts"),
-    ("Otium Bluetooth Headphones Pink Headphones Wireless Earbuds for Women Girls, Stereo Bass "
-     "in-Ear IPX7 Waterproof Running Sports Headphones",
-     "otium bluetooth headphones pink headphones earbuds women girls stereo bass ear ipx7 running "
-     "sports headphones"),
-    ("Advanced French Wig Color RL38 SMOKED WALNUT - Raquel Welch Wigs 4\" Short Windswept Free "
-     "Form Textured Length Tru2Life Heat Friendly Synthetic Lace Front Bundle MaxWigs Hairloss "
-     "Booklet",
-     "advanced french wig color rl38 smoked walnut raquel welch wigs windswept free form length "
-     "tru2life heat synthetic lace front bundle maxwigs hairloss booklet"),
-    ("Lenovo Chromebook C340 Laptop, 15.6\" FHD (1920 X 1080) Display, Intel Core i3-8130U "
-     "Processor, 4GB DDR4 RAM, 64GB SSD, Intel UHD Graphics 620, Chrome OS, 2 In 1 Touchscreen, "
-     "81T90002UX, Mineral Grey",
-     "lenovo chromebook c340 laptop fhd display intel core i3 processor gb ddr4 ram gb ssd intel "
-     "uhd graphics chrome os touchscreen 81t90002ux mineral"),
+    (
+        "Vhomes Lights Reclaimed Wood Console Table The Genessis Collection Sofa-Tables",
+        "vhomes lights wood console table genessis collection sofa tables",
+    ),
+    (
+        "Pointed Toe Pumps Shoes, Stiletto Plaid Leather High Heels, Sexy Elegant Party Wedding "
+        "Work Court Shoes,Wine red,40",
+        "toe pumps shoes stiletto plaid leather heels party wedding work court shoes wine",
+    ),
+    (
+        'HSJWOSA Decorative Rustic Entryway Console Table, 60" Long Sofa Table with Two Different '
+        "Size Drawers and Bottom Shelf for Storage Ornamental (Color : Black)",
+        "hsjwosa entryway console table sofa table size drawers bottom shelf storage color",
+    ),
+    (
+        "100% PURE Glossy Locks: Repair Shampoo (13.5 Fl Oz), Sulfate Free Shampoo, Restores "
+        "Damaged Hair, Moisturizing, Improves Hair Growth, Made with Biotin, Coconut Oil",
+        "pure glossy locks repair shampoo fl oz sulfate shampoo hair hair growth biotin coconut oil",
+    ),
+    (
+        "Nolany Modern Upholstered 3-Seat Sofa Couch w/Scrolled Arm and Nailhead Trim, Linen Fabric "
+        "Deep Seat Sofa for Living Room, Bedroom, Office, Apartment, Small Space in Grey",
+        "nolany seat sofa couch arm nailhead trim linen fabric seat sofa room bedroom office apartment space",
+    ),
+    (
+        "Minkissy 5pcs Spray Bottle Portable Hair Salon Large Capacity Hairdressing Refillable "
+        "Container Spray Shampoo Pot (White, 260ml)",
+        "minkissy 5pcs spray bottle portable hair salon large capacity hairdressing refillable "
+        "container spray shampoo pot white 260ml",
+    ),
+    (
+        "Walking Shoes for Women,Canvas Slip on Sneakers Flats Breathable Walking Leopard Shoes Office Loafers",
+        "walking shoes women canvas slip sneakers flats walking shoes office loafers",
+    ),
+    (
+        "DYKEISS Sport Silicone Band Compatible for Apple Watch Band 38mm 42mm 40mm 44mm 41mm 45mm, "
+        "Soft Replacement Apple Strap for iWatch Wristband Series 7/SE/6/5/4/3/2/1 Women Men",
+        "dykeiss sport silicone band apple watch band replacement apple strap iwatch wristband series se women men",
+    ),
+    ("Letter I Birthday Cake Candles Set with Holders (96 Pack)", "letter birthday cake candles set holders pack"),
+    (
+        "Ice Face Roller, Ice Roller for Face and Eye, Gua Sha Face Massage, Facial Beauty Ice "
+        "Roller, Silicone Ice Mold for Face Beauty Valentines Day Gifts",
+        "ice face roller ice roller face eye gua sha face massage facial beauty ice roller silicone "
+        "ice mold face beauty valentines day gifts",
+    ),
+    (
+        "Otium Bluetooth Headphones Pink Headphones Wireless Earbuds for Women Girls, Stereo Bass "
+        "in-Ear IPX7 Waterproof Running Sports Headphones",
+        "otium bluetooth headphones pink headphones earbuds women girls stereo bass ear ipx7 running sports headphones",
+    ),
+    (
+        'Advanced French Wig Color RL38 SMOKED WALNUT - Raquel Welch Wigs 4" Short Windswept Free '
+        "Form Textured Length Tru2Life Heat Friendly Synthetic Lace Front Bundle MaxWigs Hairloss "
+        "Booklet",
+        "advanced french wig color rl38 smoked walnut raquel welch wigs windswept free form length "
+        "tru2life heat synthetic lace front bundle maxwigs hairloss booklet",
+    ),
+    (
+        'Lenovo Chromebook C340 Laptop, 15.6" FHD (1920 X 1080) Display, Intel Core i3-8130U '
+        "Processor, 4GB DDR4 RAM, 64GB SSD, Intel UHD Graphics 620, Chrome OS, 2 In 1 Touchscreen, "
+        "81T90002UX, Mineral Grey",
+        "lenovo chromebook c340 laptop fhd display intel core i3 processor gb ddr4 ram gb ssd intel "
+        "uhd graphics chrome os touchscreen 81t90002ux mineral",
+    ),
     # Built-in catalog titles.
-    ("Norio Herbal Shampoo and Conditioner Set, Sulfate Free for Travel",
-     "norio shampoo conditioner set sulfate travel"),
-    ("Corana Natural Looking Clip In Hair Extensions, Synthetic Hair Heat Resistant for All Skin "
-     "Types (Natural Black)",
-     "corana clip hair extensions hair heat skin types"),
-    ("Norex Wireless Earbuds, Charging Case for Home and Office (Black)",
-     "norex earbuds charging case home office"),
-    ("Loron Rugged Outdoor Speaker, Water Resistant for Video Calls",
-     "loron speaker water video calls"),
+    (
+        "Norio Herbal Shampoo and Conditioner Set, Sulfate Free for Travel",
+        "norio shampoo conditioner set sulfate travel",
+    ),
+    (
+        "Corana Natural Looking Clip In Hair Extensions, Synthetic Hair Heat Resistant for All Skin "
+        "Types (Natural Black)",
+        "corana clip hair extensions hair heat skin types",
+    ),
+    ("Norex Wireless Earbuds, Charging Case for Home and Office (Black)", "norex earbuds charging case home office"),
+    ("Loron Rugged Outdoor Speaker, Water Resistant for Video Calls", "loron speaker water video calls"),
     ("Gally Modern Washable Rug for Small Apartments", "gally rug apartments"),
     ("Huxura Kettle Chips, Non Gmo for the Office", "huxura kettle chips gmo office"),
     ("Lorex Casual Sundress for Work", "lorex sundress work"),
@@ -317,8 +404,7 @@ def _agreement():
 
 def test_noun_approximation_agrees_with_hand_labels():
     rate, n_tokens = _agreement()
-    print(f"noun approximation: token agreement {rate:.1%} over {n_tokens} tokens of "
-          f"{len(LABELLED_TITLES)} titles")
+    print(f"noun approximation: token agreement {rate:.1%} over {n_tokens} tokens of {len(LABELLED_TITLES)} titles")
     assert rate >= 0.85
 
 
@@ -344,8 +430,10 @@ def test_noun_counts_near_the_originals_spacy_counts():
     counts = _implied_noun_counts()
     assert counts
     errors = [abs(real - approx) for _, real, approx in counts]
-    print("noun counts (spaCy en_core_web_lg via the original's title_score, approximation):",
-          [(real, approx) for _, real, approx in counts])
+    print(
+        "noun counts (spaCy en_core_web_lg via the original's title_score, approximation):",
+        [(real, approx) for _, real, approx in counts],
+    )
     # Measured: 3 of 9 exact, 4 of 9 within one noun, mean absolute error 1.9 nouns (the
     # tagger reads some title-case adjectives as PROPN, which the approximation does not).
     assert sum(e <= 1 for e in errors) >= 4

@@ -99,8 +99,11 @@ def play_episode(base_url: str, goal_index: int, store: Any, session: Any = None
     assert page.body["data-page"] == "item" and page.body["data-asin"] == asin
     wanted = goal.get("goal_options") or {}
     for name, value in wanted.items():
-        links = [a for a in page.find_all("a", attrs={"data-kind": "option", "data-option-name": name})
-                 if a.get_text() == value]
+        links = [
+            a
+            for a in page.find_all("a", attrs={"data-kind": "option", "data-option-name": name})
+            if a.get_text() == value
+        ]
         if links:
             page = _soup(http.get(base_url + links[0]["href"], timeout=30))
     options = json.loads(page.body["data-options"])
@@ -114,7 +117,9 @@ def play_episode(base_url: str, goal_index: int, store: Any, session: Any = None
     assert payload["asin"] == asin and payload["options"] == options
     expected, info = store.reward(goal_index, asin, options)
     payload["expected"] = float(expected)
-    payload["expected_info"] = json.loads(json.dumps(info, default=lambda v: sorted(v) if isinstance(v, (set, frozenset)) else str(v)))
+    payload["expected_info"] = json.loads(
+        json.dumps(info, default=lambda v: sorted(v) if isinstance(v, (set, frozenset)) else str(v))
+    )
     return payload
 
 
@@ -127,9 +132,24 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k != "WEBSHOP_PORT"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "envrl.cli", "webshop", "serve", "--host", "127.0.0.1",
-             "--port", str(self.port), *args],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "envrl.cli",
+                "webshop",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.output: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -283,8 +303,13 @@ def test_slow_clients_neither_block_the_server_nor_hold_it_for_long(server, stor
 
 
 def test_bad_options_exit_with_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "envrl.cli", "webshop", "serve", "--workers", "0"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "envrl.cli", "webshop", "serve", "--workers", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--workers must be >= 1" in proc.stderr
 
 

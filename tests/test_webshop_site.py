@@ -174,10 +174,18 @@ def test_item_flow_options_sub_pages_and_buy(client, store):
     assert response.status_code == 200 and page.kind == "item" and page.asin == asin and page.options == {}
     text = render_observation(page, "text")
     assert text.startswith(f"Instruction: [SEP] {store.goals[2]['instruction_text']} [SEP] Back to Search [SEP] < Prev")
-    assert text.endswith(f"Price: {product['Price']} [SEP] Rating: {product['Rating']} [SEP] "
-                         "Description [SEP] Features [SEP] Reviews [SEP] Buy Now")
+    assert text.endswith(
+        f"Price: {product['Price']} [SEP] Rating: {product['Rating']} [SEP] "
+        "Description [SEP] Features [SEP] Reviews [SEP] Buy Now"
+    )
     assert [k for k, c in page.clickables.items() if c.kind == "button"] == [
-        "back to search", "< prev", "description", "features", "reviews", "buy now"]
+        "back to search",
+        "< prev",
+        "description",
+        "features",
+        "reviews",
+        "buy now",
+    ]
     # choose one value per option group, clicking the links
     chosen: dict[str, str] = {}
     for name, values in product["options"].items():
@@ -262,7 +270,12 @@ def test_oversized_input_is_refused(client, store):
 def test_non_utf8_bytes_are_400(client):
     # werkzeug's test client turns bad bytes into U+FFFD before the app sees them ...
     assert client.get("/%FF%FE").status_code == 400
-    assert client.post("/fixed_0", data=b"search_query=%FF%FE", content_type="application/x-www-form-urlencoded").status_code == 400
+    assert (
+        client.post(
+            "/fixed_0", data=b"search_query=%FF%FE", content_type="application/x-www-form-urlencoded"
+        ).status_code
+        == 400
+    )
     # ... a real server passes the raw bytes (gunicorn's RAW_URI), which the site checks exactly
     assert client.get("/fixed_0", environ_overrides={"RAW_URI": "/fixed_0%FF"}).status_code == 400
     assert client.get("/fixed_0", environ_overrides={"RAW_URI": "/fixed_\xff"}).status_code == 400
@@ -306,7 +319,9 @@ def test_option_values_with_slashes_round_trip(store):
         chosen = _get(client, page.clickables[value].href)[1]
         assert chosen.kind == "item" and chosen.options == {name: value}
         done = _get(client, chosen.clickables["buy now"].href)[1]
-        assert done.options == {name: value} and done.reward == float(patched.reward(0, product["asin"], {name: value})[0])
+        assert done.options == {name: value} and done.reward == float(
+            patched.reward(0, product["asin"], {name: value})[0]
+        )
 
 
 def test_every_sampled_product_renders(client, store):
@@ -336,10 +351,14 @@ def _walk(client, session: str, store) -> list[bytes]:
     product = _product_with_options(store)
     keywords = product["Title"].lower().split(" ")
     name, values = next(iter(product["options"].items()))
-    paths = [f"/{session}", results_url(session, keywords, 1), item_url(session, product["asin"], keywords, 1, {}),
-             item_url(session, product["asin"], keywords, 1, {name: values[0]}),
-             item_sub_url(session, product["asin"], keywords, 1, "Reviews", {name: values[0]}),
-             done_url(session, product["asin"], {name: values[0]})]
+    paths = [
+        f"/{session}",
+        results_url(session, keywords, 1),
+        item_url(session, product["asin"], keywords, 1, {}),
+        item_url(session, product["asin"], keywords, 1, {name: values[0]}),
+        item_sub_url(session, product["asin"], keywords, 1, "Reviews", {name: values[0]}),
+        done_url(session, product["asin"], {name: values[0]}),
+    ]
     return [client.get(path).get_data() for path in paths]
 
 
@@ -355,9 +374,12 @@ def test_sessions_do_not_affect_each_other(app, store):
 
 
 def test_pages_are_the_same_bytes_in_another_process(app, store):
-    paths = ["/fixed_5", results_url("fixed_5", ["shoes"], 1),
-             item_url("fixed_5", _product_with_options(store)["asin"], ["shoes"], 1, {}),
-             done_url("fixed_5", store.goals[5]["asin"], _goal_option_choice(store, store.goals[5]))]
+    paths = [
+        "/fixed_5",
+        results_url("fixed_5", ["shoes"], 1),
+        item_url("fixed_5", _product_with_options(store)["asin"], ["shoes"], 1, {}),
+        done_url("fixed_5", store.goals[5]["asin"], _goal_option_choice(store, store.goals[5])),
+    ]
     client = app.test_client()
     here = [hashlib.sha256(client.get(path).get_data()).hexdigest() for path in paths]
     script = (
@@ -367,8 +389,14 @@ def test_pages_are_the_same_bytes_in_another_process(app, store):
         "print(json.dumps([hashlib.sha256(client.get(p).get_data()).hexdigest() for p in json.loads(sys.argv[1])]))\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", script, json.dumps(paths)], capture_output=True, text=True,
-                         env=env, check=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(paths)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=300,
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == here
 
 
@@ -406,7 +434,10 @@ def test_fuzz_session_id(client, value):
 @given(st.one_of(segment_text, segment_bytes, st.lists(st.text(max_size=12), max_size=6).map(str)))
 def test_fuzz_keywords(client, store, value):
     asin = store.products[0]["asin"]
-    for path in (f"/search_results/fixed_0/{_encoded(value)}/1", f"/item_page/fixed_0/{asin}/{_encoded(value)}/1/%7B%7D"):
+    for path in (
+        f"/search_results/fixed_0/{_encoded(value)}/1",
+        f"/item_page/fixed_0/{asin}/{_encoded(value)}/1/%7B%7D",
+    ):
         response = client.get(path)
         _check(response)
         if response.status_code == 200:  # every link on the page works
@@ -422,8 +453,10 @@ def test_fuzz_page_number(client, store, value):
     # bytes such as b"7" are a valid page number too once decoded
     text = value if isinstance(value, str) else value.decode("utf-8", errors="replace")
     valid = text.isascii() and text.isdigit() and not text.startswith("0")
-    for path in (f"/search_results/fixed_0/%5B'shoes'%5D/{_encoded(value)}",
-                 f"/item_page/fixed_0/{asin}/%5B'shoes'%5D/{_encoded(value)}/%7B%7D"):
+    for path in (
+        f"/search_results/fixed_0/%5B'shoes'%5D/{_encoded(value)}",
+        f"/item_page/fixed_0/{asin}/%5B'shoes'%5D/{_encoded(value)}/%7B%7D",
+    ):
         response = client.get(path)
         _check(response, must_fail=not valid)
 
@@ -432,14 +465,20 @@ def test_fuzz_page_number(client, store, value):
 @given(st.one_of(segment_text, segment_bytes))
 def test_fuzz_asin(client, store, value):
     known = isinstance(value, str) and value in store.by_asin
-    for path in (f"/item_page/fixed_0/{_encoded(value)}/%5B'x'%5D/1/%7B%7D", f"/done/fixed_0/{_encoded(value)}/%7B%7D",
-                 f"/item_sub_page/fixed_0/{_encoded(value)}/%5B'x'%5D/1/Features/%7B%7D"):
+    for path in (
+        f"/item_page/fixed_0/{_encoded(value)}/%5B'x'%5D/1/%7B%7D",
+        f"/done/fixed_0/{_encoded(value)}/%7B%7D",
+        f"/item_sub_page/fixed_0/{_encoded(value)}/%5B'x'%5D/1/Features/%7B%7D",
+    ):
         _check(client.get(path), must_fail=not known)
 
 
 option_values = st.one_of(
-    segment_text, segment_bytes,
-    st.dictionaries(st.text(max_size=10), st.one_of(st.text(max_size=10), st.integers(), st.none()), max_size=3).map(json.dumps),
+    segment_text,
+    segment_bytes,
+    st.dictionaries(st.text(max_size=10), st.one_of(st.text(max_size=10), st.integers(), st.none()), max_size=3).map(
+        json.dumps
+    ),
     st.dictionaries(st.text(max_size=10), st.text(max_size=10), max_size=3).map(repr),
 )
 
@@ -448,8 +487,10 @@ option_values = st.one_of(
 @given(option_values)
 def test_fuzz_options(client, store, value):
     product = _product_with_options(store)
-    for path in (f"/item_page/fixed_0/{product['asin']}/%5B'x'%5D/1/{_encoded(value)}",
-                 f"/done/fixed_0/{product['asin']}/{_encoded(value)}"):
+    for path in (
+        f"/item_page/fixed_0/{product['asin']}/%5B'x'%5D/1/{_encoded(value)}",
+        f"/done/fixed_0/{product['asin']}/{_encoded(value)}",
+    ):
         response = client.get(path)
         _check(response)
         if response.status_code == 200:

@@ -35,19 +35,63 @@ _SPLIT_PATTERN = (
 
 _ROOMS = ("kitchen", "bathroom", "bedroom", "living room", "hallway", "workshop", "greenhouse")
 _RECEPTACLES = (
-    "cabinet", "countertop", "drawer", "fridge", "microwave", "sinkbasin", "shelf", "garbagecan",
-    "coffeemachine", "stoveburner", "toaster", "desk", "dresser", "sidetable", "bed", "sofa",
+    "cabinet",
+    "countertop",
+    "drawer",
+    "fridge",
+    "microwave",
+    "sinkbasin",
+    "shelf",
+    "garbagecan",
+    "coffeemachine",
+    "stoveburner",
+    "toaster",
+    "desk",
+    "dresser",
+    "sidetable",
+    "bed",
+    "sofa",
 )
 _OBJECTS = (
-    "mug", "apple", "knife", "plate", "bowl", "cup", "egg", "potato", "tomato", "lettuce",
-    "book", "pen", "pencil", "cellphone", "keychain", "vase", "spoon", "fork", "bread", "towel",
+    "mug",
+    "apple",
+    "knife",
+    "plate",
+    "bowl",
+    "cup",
+    "egg",
+    "potato",
+    "tomato",
+    "lettuce",
+    "book",
+    "pen",
+    "pencil",
+    "cellphone",
+    "keychain",
+    "vase",
+    "spoon",
+    "fork",
+    "bread",
+    "towel",
 )
 _VERBS = ("clean", "heat", "cool", "examine", "put", "find two")
 _PRODUCTS = (
-    "long clear glass jar", "gluten free snack bars", "men's running shoes", "wireless earbuds",
-    "organic green tea", "cotton bed sheets", "stainless steel water bottle", "hair dryer",
-    "vegan protein powder", "waterproof hiking boots", "bluetooth speaker", "ceramic coffee mug",
-    "leather wallet", "yoga mat", "lavender scented candle", "noise cancelling headphones",
+    "long clear glass jar",
+    "gluten free snack bars",
+    "men's running shoes",
+    "wireless earbuds",
+    "organic green tea",
+    "cotton bed sheets",
+    "stainless steel water bottle",
+    "hair dryer",
+    "vegan protein powder",
+    "waterproof hiking boots",
+    "bluetooth speaker",
+    "ceramic coffee mug",
+    "leather wallet",
+    "yoga mat",
+    "lavender scented candle",
+    "noise cancelling headphones",
 )
 _ATTRIBUTES = ("small", "large", "red", "blue", "black", "white", "green", "wooden", "metal", "plastic")
 _SUBSTANCES = ("water", "ice", "salt", "sugar", "orange juice", "soap", "sodium chloride", "steam")
@@ -89,13 +133,25 @@ def corpus(lines: int = 600, seed: int = 0) -> list[str]:
         elif kind == 1:
             out.append(f"Your task is to: {rng.choice(_VERBS)} some {obj} and put it in {rec}.")
         elif kind == 2:
-            out.append(rng.choice([f"go to {rec} {num}", f"open {rec} {num}", f"take {obj} {num} from {rec} {num}",
-                                   f"move {obj} {num} to {rec} {num}", "look", "inventory"]))
+            out.append(
+                rng.choice(
+                    [
+                        f"go to {rec} {num}",
+                        f"open {rec} {num}",
+                        f"take {obj} {num} from {rec} {num}",
+                        f"move {obj} {num} to {rec} {num}",
+                        "look",
+                        "inventory",
+                    ]
+                )
+            )
         elif kind == 3:
             out.append(f"On the {rec} {num}, you see a {obj} {rng.randint(1, 3)}, and a {rng.choice(_OBJECTS)} 1.")
         elif kind == 4:
-            out.append(f"<think>I need to find a {obj} first. It may be in the {rec} {num}.</think>"
-                       f"<action>go to {rec} {num}</action>")
+            out.append(
+                f"<think>I need to find a {obj} first. It may be in the {rec} {num}.</think>"
+                f"<action>go to {rec} {num}</action>"
+            )
         elif kind == 5:
             product = rng.choice(_PRODUCTS)
             out.append(f"Instruction: i need {product}, and price lower than {rng.randint(10, 90)}.00 dollars")
@@ -105,12 +161,16 @@ def corpus(lines: int = 600, seed: int = 0) -> list[str]:
         elif kind == 7:
             out.append(f"You arrive at {rec} {num}. The {rec} {num} is closed.")
         elif kind == 8:
-            out.append(f"<think>{rng.choice(_THOUGHTS)}; the {attr} {obj} is a candidate.</think>"
-                       f"<action>examine {attr} {obj}</action>")
+            out.append(
+                f"<think>{rng.choice(_THOUGHTS)}; the {attr} {obj} is a candidate.</think>"
+                f"<action>examine {attr} {obj}</action>"
+            )
         else:
             sub = rng.choice(_SUBSTANCES)
-            out.append(f"The {sub} is in the {attr} {rng.choice(['pot', 'beaker', 'cup', 'jug'])}. "
-                       f"Its temperature is {rng.randint(-20, 120)} degrees celsius.")
+            out.append(
+                f"The {sub} is in the {attr} {rng.choice(['pot', 'beaker', 'cup', 'jug'])}. "
+                f"Its temperature is {rng.randint(-20, 120)} degrees celsius."
+            )
             price = f"${rng.randint(5, 99)}.{rng.randint(0, 99):02d}"
             out.append(f"[SEP] {rng.choice(_PRODUCTS).title()} [SEP] {price} [SEP]")
     return out[:lines]
@@ -133,8 +193,10 @@ def build_tiny_checkpoint(path: Path, *, chat_template: bool = True, vocab_size:
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
-         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -172,9 +234,7 @@ def build_tiny_checkpoint(path: Path, *, chat_template: bool = True, vocab_size:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=eot, eos_token_id=[eot, im_end] if chat_template else eot
-    )
+    model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=[eot, im_end] if chat_template else eot)
     model.save_pretrained(path)
     (path / "tiny_lm.json").write_text(json.dumps({"built_by": "tests/tiny_lm.py", "chat_template": chat_template}))
     return path

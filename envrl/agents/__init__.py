@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from envrl.agents.base import Agent, BatchedAgent, act_batch, is_batched
 from envrl.agents.expert import ExpertAgent
@@ -15,8 +16,9 @@ from envrl.agents.random_agent import RandomAgent
 AGENTS = ("random", "expert", "expert:handcoded", "hf:<model>", "openai:<model>[@<base_url>]")
 
 
-def make_agent(spec: str, env_name: str | None = None, seed: int | None = None,
-               options: Mapping[str, Any] | None = None) -> Agent:
+def make_agent(
+    spec: str, env_name: str | None = None, seed: int | None = None, options: Mapping[str, Any] | None = None
+) -> Agent:
     """Build an agent from its command-line spec.
 
     ``random`` and ``expert`` work on every env; ``expert:handcoded`` is ALFWorld's hand-coded
@@ -39,5 +41,20 @@ def make_agent(spec: str, env_name: str | None = None, seed: int | None = None,
     raise ValueError(f"unknown agent {spec!r}; choose one of {AGENTS}")
 
 
-__all__ = ["Agent", "AGENTS", "ExpertAgent", "Generation", "LLMAgent", "LLMOptions", "PromptTemplate", "RandomAgent",
-           "SamplingConfig", "act_batch", "is_batched", "BatchedAgent", "load_template", "make_agent", "parse_response"]
+__all__ = [
+    "Agent",
+    "AGENTS",
+    "ExpertAgent",
+    "Generation",
+    "LLMAgent",
+    "LLMOptions",
+    "PromptTemplate",
+    "RandomAgent",
+    "SamplingConfig",
+    "act_batch",
+    "is_batched",
+    "BatchedAgent",
+    "load_template",
+    "make_agent",
+    "parse_response",
+]

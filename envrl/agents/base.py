@@ -8,7 +8,8 @@ checks for a concrete class, so a training policy batches the same way as an LLM
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -37,8 +38,9 @@ class BatchedAgent(Agent, Protocol):
     lets an LLM agent answer all its episodes with one batched generation.
     """
 
-    def act_together(self, agents: Sequence[Any], observations: Sequence[str],
-                     infos: Sequence[dict[str, Any]]) -> list[str]:
+    def act_together(
+        self, agents: Sequence[Any], observations: Sequence[str], infos: Sequence[dict[str, Any]]
+    ) -> list[str]:
         """One action per agent, chosen in one go."""
 
 
@@ -59,8 +61,11 @@ def act_batch(agents: Sequence[Agent], observations: Sequence[str], infos: Seque
             actions[i] = agent.act(observations[i], infos[i])
     for members in groups.values():
         batch = [agents[i] for i in members]
-        together = batch[0].act_together(batch, [observations[i] for i in members],  # type: ignore[attr-defined]
-                                         [infos[i] for i in members])
+        together = batch[0].act_together(
+            batch,
+            [observations[i] for i in members],  # type: ignore[attr-defined]
+            [infos[i] for i in members],
+        )
         for i, action in zip(members, together):
             actions[i] = action
     return actions

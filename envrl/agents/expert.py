@@ -8,7 +8,8 @@ asks the env for the plan through ``env_kwargs``, which evaluation runs pass to 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 #: why the hand-coded expert cannot play a game (it reads ALFRED's annotation of the game)
 NEEDS_TRAJ_DATA = "ALFWorld's hand-coded expert needs traj_data.json beside the game; the planner expert plays any game"

@@ -9,8 +9,9 @@ back as a :class:`Generation` with ``error`` set, which the agent records as a f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 #: one chat message: {"role": "system" | "user" | "assistant", "content": str}
 Message = dict[str, str]
@@ -76,8 +77,9 @@ class Backend(Protocol):
     #: the model's name as runs record it (a path, a hub name, or the server's model id)
     model: str
 
-    def generate(self, prompts: Sequence[Sequence[Message]], sampling: SamplingConfig,
-                 seeds: Sequence[int | None] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], sampling: SamplingConfig, seeds: Sequence[int | None] | None = None
+    ) -> list[Generation]:
         """One :class:`Generation` per prompt, in order; never raises for a single failed request.
 
         ``seeds`` (one per prompt) replace ``sampling.seed`` where the back end can seed each

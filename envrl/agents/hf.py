@@ -32,9 +32,13 @@ from envrl.agents.generation import Generation, Message, SamplingConfig
 log = logging.getLogger(__name__)
 
 _DTYPES = {
-    "float32": "float32", "fp32": "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 #: longest error text a Generation carries (an exception message can embed whole tensors)
 _MAX_ERROR_CHARS = 500
@@ -129,8 +133,9 @@ class HFBackend:
 
     # -- generation --------------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Sequence[Message]], sampling: SamplingConfig,
-                 seeds: Sequence[int | None] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], sampling: SamplingConfig, seeds: Sequence[int | None] | None = None
+    ) -> list[Generation]:
         """One :class:`Generation` per prompt, in input order; failures come back as ``error``.
 
         Prompts are sorted by length before batching (less padding); the output does not
@@ -161,7 +166,7 @@ class HFBackend:
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed % (1 << 64))  # any int; torch takes 64 bits
             for start in range(0, len(encoded), self.max_batch_size):
-                chunk = encoded[start:start + self.max_batch_size]
+                chunk = encoded[start : start + self.max_batch_size]
                 for (i, _), gen in zip(chunk, self._generate_batch([ids for _, ids in chunk], sampling, max_new)):
                     results[i] = gen
         return [r if r is not None else _failed(RuntimeError("no result"), 0, 0.0) for r in results]
@@ -213,8 +218,8 @@ class HFBackend:
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, ids in enumerate(batch):
             if ids:
-                input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-                attention_mask[row, width - len(ids):] = 1
+                input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+                attention_mask[row, width - len(ids) :] = 1
         sample = sampling.temperature > 0
         config = GenerationConfig(
             max_new_tokens=max_new,
@@ -245,10 +250,18 @@ class HFBackend:
             else:  # the stop token is counted but is not part of the text
                 count, reason = end + 1, "stop"
             text = _as_text(self.tokenizer.decode(tokens[:end], skip_special_tokens=True), "decode")
-            results.append(Generation(
-                text=text, finish_reason=reason, prompt_tokens=len(ids), completion_tokens=count, latency=latency,
-                prompt_token_ids=list(ids), token_ids=tokens[:count], token_logprobs=token_logprobs[:count],
-            ))
+            results.append(
+                Generation(
+                    text=text,
+                    finish_reason=reason,
+                    prompt_tokens=len(ids),
+                    completion_tokens=count,
+                    latency=latency,
+                    prompt_token_ids=list(ids),
+                    token_ids=tokens[:count],
+                    token_logprobs=token_logprobs[:count],
+                )
+            )
         return results
 
     # -- bookkeeping -------------------------------------------------------------------------

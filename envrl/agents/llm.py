@@ -20,8 +20,9 @@ env answers with its invalid-action feedback: the episode goes on and the step i
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from envrl.agents.generation import Backend, Generation, Message, SamplingConfig
 from envrl.agents.prompts import DEFAULT_TEMPLATE, PromptTemplate, Turn, load_template, parse_response
@@ -45,7 +46,7 @@ class LLMOptions:
             raise ValueError(f"history must be an integer >= 0, got {self.history!r}")
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any] | None) -> "LLMOptions":
+    def from_mapping(cls, options: Mapping[str, Any] | None) -> LLMOptions:
         """From flat options (as the CLI and ``run_evaluation(agent_options=...)`` pass them)."""
         options = dict(options or {})
         sampling_keys = ("temperature", "top_p", "max_new_tokens")
@@ -54,8 +55,12 @@ class LLMOptions:
             options.pop(key, None)
         template = options.pop("template", None) or DEFAULT_TEMPLATE
         history = options.pop("history", None)
-        return cls(template=str(template), history=2 if history is None else int(history), sampling=sampling,
-                   backend={k: v for k, v in options.items() if v is not None})
+        return cls(
+            template=str(template),
+            history=2 if history is None else int(history),
+            sampling=sampling,
+            backend={k: v for k, v in options.items() if v is not None},
+        )
 
 
 class _SharedBackend:
@@ -90,8 +95,14 @@ class _SharedBackend:
 class LLMAgent:
     """An agent that asks a language model for each action (see the module docstring)."""
 
-    def __init__(self, name: str, env_name: str, backend: _SharedBackend, options: LLMOptions,
-                 template: PromptTemplate | None = None):
+    def __init__(
+        self,
+        name: str,
+        env_name: str,
+        backend: _SharedBackend,
+        options: LLMOptions,
+        template: PromptTemplate | None = None,
+    ):
         self.name = name
         self.env_name = env_name
         self.shared = backend
@@ -112,18 +123,24 @@ class LLMAgent:
         self._turn = 0
         self._seed = seed
         self.step_info = None
-        self.stats = {"responses": 0, "format_invalid": 0, "failed_requests": 0, "prompt_tokens": 0,
-                      "completion_tokens": 0}
+        self.stats = {
+            "responses": 0,
+            "format_invalid": 0,
+            "failed_requests": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+        }
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
         return act_together([self], [observation], [info])[0]
 
-    def act_together(self, agents: Sequence["LLMAgent"], observations: Sequence[str],
-                     infos: Sequence[Mapping[str, Any]]) -> list[str]:
+    def act_together(
+        self, agents: Sequence[LLMAgent], observations: Sequence[str], infos: Sequence[Mapping[str, Any]]
+    ) -> list[str]:
         """The :class:`~envrl.agents.base.BatchedAgent` protocol: see :func:`act_together`."""
         return act_together(agents, observations, infos)
 
-    def sibling(self) -> "LLMAgent":
+    def sibling(self) -> LLMAgent:
         """Another agent with the same settings and the same (shared) back end."""
         other = LLMAgent(self.name, self.env_name, self.shared, self.options, self.template)
         other._owner = False
@@ -155,10 +172,15 @@ class LLMAgent:
 
     def prepare(self, observation: str, info: Mapping[str, Any]) -> list[Message]:
         self._turn += 1
-        history = self._history[-self.options.history:] if self.options.history else []
+        history = self._history[-self.options.history :] if self.options.history else []
         return self.template.build_messages(
-            self.env_name, str(info.get("instruction", "")), str(observation),
-            [str(a) for a in info.get("admissible_actions", []) or []], history, self._turn)
+            self.env_name,
+            str(info.get("instruction", "")),
+            str(observation),
+            [str(a) for a in info.get("admissible_actions", []) or []],
+            history,
+            self._turn,
+        )
 
     def complete(self, observation: str, generation: Generation) -> str:
         parsed = parse_response(generation.text, self.template.require_think)
@@ -193,8 +215,9 @@ class LLMAgent:
         return sampling
 
 
-def act_together(agents: Sequence[LLMAgent], observations: Sequence[str],
-                 infos: Sequence[Mapping[str, Any]]) -> list[str]:
+def act_together(
+    agents: Sequence[LLMAgent], observations: Sequence[str], infos: Sequence[Mapping[str, Any]]
+) -> list[str]:
     """One action per agent; agents sharing a back end are answered by one ``generate`` call
     per distinct sampling setting (greedy agents always share one)."""
     actions: list[str | None] = [None] * len(agents)
@@ -214,8 +237,9 @@ def act_together(agents: Sequence[LLMAgent], observations: Sequence[str],
         backend = agents[members[0]].shared.get()
         generations = backend.generate([prompts[i] for i in members], sampling, seeds=seeds)
         if len(generations) != len(members):
-            raise RuntimeError(f"back end {backend.model} returned {len(generations)} responses for "
-                               f"{len(members)} prompts")
+            raise RuntimeError(
+                f"back end {backend.model} returned {len(generations)} responses for {len(members)} prompts"
+            )
         for i, generation in zip(members, generations):
             actions[i] = agents[i].complete(observations[i], generation)
     return [a if a is not None else NO_ACTION for a in actions]
@@ -239,8 +263,12 @@ def _hf_backend(model: str, options: LLMOptions) -> _SharedBackend:
 
         return HFBackend(model, **dict(options.backend))
 
-    description = {"backend": "hf", "model": model, "weights_sha256": weights_fingerprint(model),
-                   **dict(options.backend)}
+    description = {
+        "backend": "hf",
+        "model": model,
+        "weights_sha256": weights_fingerprint(model),
+        **dict(options.backend),
+    }
     return _SharedBackend(build, description)
 
 

@@ -83,7 +83,9 @@ def parse_openai_spec(spec: str) -> tuple[str, str | None]:
     if "@" in text:
         tail = text.rpartition("@")[2]
         if _ANY_SCHEME.match(tail):
-            raise ValueError(f"OpenAI agent spec {_redact_spec(text)!r}: only http:// and https:// base URLs are supported")
+            raise ValueError(
+                f"OpenAI agent spec {_redact_spec(text)!r}: only http:// and https:// base URLs are supported"
+            )
         if _BARE_HOST.match(tail):
             raise ValueError(
                 f"OpenAI agent spec {_redact_spec(text)!r}: the base URL needs a scheme, e.g. '...@http://{tail}'"
@@ -174,8 +176,9 @@ class OpenAIBackend:
 
     # -- Backend protocol ------------------------------------------------------------------
 
-    def generate(self, prompts: Sequence[Sequence[Message]], sampling: SamplingConfig,
-                 seeds: Sequence[int | None] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], sampling: SamplingConfig, seeds: Sequence[int | None] | None = None
+    ) -> list[Generation]:
         """One :class:`Generation` per prompt, in input order; a request that fails for good
         comes back with ``error`` set instead of raising. ``seeds`` give each request its own
         seed (so identical prompts in one call are sampled independently)."""
@@ -487,4 +490,11 @@ def _is_local(url: str) -> bool:
         return False
 
 
-__all__ = ["LOCAL_API_KEY", "MAX_BODY_BYTES", "MAX_TEXT_CHARS", "OFFICIAL_BASE_URL", "OpenAIBackend", "parse_openai_spec"]
+__all__ = [
+    "LOCAL_API_KEY",
+    "MAX_BODY_BYTES",
+    "MAX_TEXT_CHARS",
+    "OFFICIAL_BASE_URL",
+    "OpenAIBackend",
+    "parse_openai_spec",
+]

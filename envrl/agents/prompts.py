@@ -46,9 +46,21 @@ MAX_ACTION_CHARS = 512
 #: an observation longer than this is cut in the prompt (the end is kept; it says what changed)
 MAX_OBSERVATION_CHARS = 8_000
 
-_REQUIRED_KEYS = ("name", "system", "env_intro", "user", "history_header", "history_turn", "history_footer",
-                  "admissible_header", "admissible_item", "admissible_more", "admissible_footer",
-                  "max_admissible", "require_think")
+_REQUIRED_KEYS = (
+    "name",
+    "system",
+    "env_intro",
+    "user",
+    "history_header",
+    "history_turn",
+    "history_footer",
+    "admissible_header",
+    "admissible_item",
+    "admissible_more",
+    "admissible_footer",
+    "max_admissible",
+    "require_think",
+)
 
 #: an example action per env, shown in the format instruction
 EXAMPLE_ACTIONS = {
@@ -107,8 +119,9 @@ class PromptTemplate:
 
     def _check(self) -> None:
         """Format every string once with dummy values: a misspelt field fails now, not mid-run."""
-        dummy_user = dict(intro="", instruction="", history="", turn=1, observation="", admissible="",
-                          example_action="")
+        dummy_user = dict(
+            intro="", instruction="", history="", turn=1, observation="", admissible="", example_action=""
+        )
         checks: list[tuple[str, str, Mapping[str, object]]] = [
             ("user", self.user, dummy_user),
             ("history_header", self.history_header, {"count": 1}),
@@ -122,7 +135,8 @@ class PromptTemplate:
                 text.format(**values)
             except (KeyError, IndexError, ValueError) as exc:
                 raise TemplateError(
-                    f"template {self.name!r}: {key} uses an unknown or malformed field ({exc})") from exc
+                    f"template {self.name!r}: {key} uses an unknown or malformed field ({exc})"
+                ) from exc
         if not isinstance(self.max_admissible, int) or self.max_admissible < 0:
             raise TemplateError(f"template {self.name!r}: max_admissible must be an integer >= 0")
 
@@ -139,13 +153,24 @@ class PromptTemplate:
 
     # ---- building prompts ---------------------------------------------------------------
 
-    def build_messages(self, env_name: str, instruction: str, observation: str,
-                       admissible_actions: Sequence[str], history: Sequence[Turn], turn: int) -> list[Message]:
+    def build_messages(
+        self,
+        env_name: str,
+        instruction: str,
+        observation: str,
+        admissible_actions: Sequence[str],
+        history: Sequence[Turn],
+        turn: int,
+    ) -> list[Message]:
         """The chat messages for one turn: a system message and one user message."""
         intro = self.env_intro.get(env_name, self.env_intro.get("default", ""))
         user = self.user.format(
-            intro=intro, instruction=instruction, history=self._history(history, turn),
-            turn=turn, observation=_clip(observation), admissible=self._admissible(admissible_actions),
+            intro=intro,
+            instruction=instruction,
+            history=self._history(history, turn),
+            turn=turn,
+            observation=_clip(observation),
+            admissible=self._admissible(admissible_actions),
             example_action=EXAMPLE_ACTIONS.get(env_name, "look"),
         )
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
@@ -156,8 +181,11 @@ class PromptTemplate:
         first = turn - len(history)
         lines = [self.history_header.format(count=len(history))]
         for offset, past in enumerate(history):
-            lines.append(self.history_turn.format(turn=first + offset, observation=_clip(past.observation),
-                                                  think=past.think, action=past.action))
+            lines.append(
+                self.history_turn.format(
+                    turn=first + offset, observation=_clip(past.observation), think=past.think, action=past.action
+                )
+            )
         lines.append(self.history_footer)
         return "".join(lines)
 
@@ -191,8 +219,9 @@ def load_template(name_or_path: str | Path = DEFAULT_TEMPLATE) -> PromptTemplate
     else:
         path = Path(name)
         if not path.is_file():
-            raise TemplateError(f"unknown prompt template {name!r}: not one of {', '.join(BUILTIN_TEMPLATES)} "
-                                f"and no such file")
+            raise TemplateError(
+                f"unknown prompt template {name!r}: not one of {', '.join(BUILTIN_TEMPLATES)} and no such file"
+            )
         text = path.read_text(encoding="utf-8")
         source = str(path)
     try:
@@ -238,7 +267,7 @@ def parse_response(text: str, require_think: bool = True) -> ParsedResponse:
             if open_tag is None or open_tag[0] != tag:
                 problem = problem or f"</{tag}> without <{tag}>"
                 continue
-            blocks[tag].append(text[open_tag[1]:match.start()])
+            blocks[tag].append(text[open_tag[1] : match.start()])
             order.append(tag)
             open_tag = None
     if open_tag is not None:

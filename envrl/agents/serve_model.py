@@ -43,8 +43,15 @@ _MAX_ECHO = 80
 class RequestError(Exception):
     """An error that becomes an OpenAI-style JSON response."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
 
@@ -193,15 +200,15 @@ def _parse_messages(raw: Any) -> list[Message]:
             texts = []
             for part in content:
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise RequestError(400, f"{param}.content: only text parts are supported",
-                                       param=f"{param}.content")
+                    raise RequestError(400, f"{param}.content: only text parts are supported", param=f"{param}.content")
                 texts.append(part["text"])
             content = "".join(texts)
         if content is None and role == "assistant":
             content = ""
         if not isinstance(content, str):
-            raise RequestError(400, f"{param}.content must be a string or an array of text parts",
-                               param=f"{param}.content")
+            raise RequestError(
+                400, f"{param}.content must be a string or an array of text parts", param=f"{param}.content"
+            )
         messages.append({"role": _ROLES[role], "content": content})
     return messages
 
@@ -220,8 +227,12 @@ def parse_chat_request(
     if not isinstance(model, str):
         raise RequestError(400, "'model' must be a string", param="model")
     if model != model_name:
-        raise RequestError(404, f"model '{_short(model)}' not found; this server has '{model_name}'",
-                           param="model", code="model_not_found")
+        raise RequestError(
+            404,
+            f"model '{_short(model)}' not found; this server has '{model_name}'",
+            param="model",
+            code="model_not_found",
+        )
     messages = _parse_messages(body.get("messages"))
 
     if body.get("n") not in (None, 1):
@@ -231,8 +242,9 @@ def parse_chat_request(
     if body.get("logprobs") not in (None, False, True):
         raise RequestError(400, "'logprobs' must be a boolean", param="logprobs")
     if body.get("top_logprobs") not in (None, 0):
-        raise RequestError(400, "'top_logprobs' is not supported (only the sampled tokens' logprobs)",
-                           param="top_logprobs")
+        raise RequestError(
+            400, "'top_logprobs' is not supported (only the sampled tokens' logprobs)", param="top_logprobs"
+        )
     for name in _UNSUPPORTED:
         if body.get(name) not in (None, [], ""):
             raise RequestError(400, f"'{name}' is not supported by this server", param=name)
@@ -249,8 +261,9 @@ def parse_chat_request(
         if not _is_int(value) or value < 1:
             raise RequestError(400, f"'{name}' must be a positive integer", param=name)
         if value > max_new_tokens_limit:
-            raise RequestError(400, f"'{name}' is {value}, above this server's limit of {max_new_tokens_limit}",
-                               param=name)
+            raise RequestError(
+                400, f"'{name}' is {value}, above this server's limit of {max_new_tokens_limit}", param=name
+            )
         max_tokens = value
 
     temperature = body.get("temperature", 1.0)
@@ -282,12 +295,14 @@ def completion_body(gen: Generation, *, model_name: str, logprobs: bool = False)
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model_name,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": gen.text},
-            "logprobs": _token_logprobs(gen) if logprobs else None,
-            "finish_reason": gen.finish_reason,
-        }],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": gen.text},
+                "logprobs": _token_logprobs(gen) if logprobs else None,
+                "finish_reason": gen.finish_reason,
+            }
+        ],
         "usage": {
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.completion_tokens,
@@ -299,8 +314,12 @@ def completion_body(gen: Generation, *, model_name: str, logprobs: bool = False)
 def _token_logprobs(gen: Generation) -> dict[str, Any] | None:
     if gen.token_ids is None or gen.token_logprobs is None:
         return None
-    return {"content": [{"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
-                        for token, logprob in zip(gen.token_ids, gen.token_logprobs)]}
+    return {
+        "content": [
+            {"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
+            for token, logprob in zip(gen.token_ids, gen.token_logprobs)
+        ]
+    }
 
 
 # ---- the app -----------------------------------------------------------------------------
@@ -427,8 +446,10 @@ def serve(
         import transformers  # noqa: F401
         from werkzeug.serving import make_server
     except ImportError as exc:
-        print(f"envrl: serving a model needs torch, transformers and flask: pip install 'envrl[train,llm]' "
-              f"({exc})", file=sys.stderr)
+        print(
+            f"envrl: serving a model needs torch, transformers and flask: pip install 'envrl[train,llm]' ({exc})",
+            file=sys.stderr,
+        )
         return 1
 
     from envrl.agents.hf import HFBackend
@@ -453,17 +474,30 @@ def serve(
     backend = None
     try:
         try:
-            backend = HFBackend(checkpoint, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                                trust_remote_code=trust_remote_code)
+            backend = HFBackend(
+                checkpoint,
+                device=device,
+                dtype=dtype,
+                max_batch_size=max_batch_size,
+                trust_remote_code=trust_remote_code,
+            )
         except Exception as exc:  # missing files, bad config, corrupt weights, CUDA unavailable...
             print(f"envrl: cannot load {checkpoint}: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
-        app = create_app(backend, model_name=name, max_new_tokens_limit=max_new_tokens_limit,
-                         max_body_bytes=max_body_bytes, batch_wait_s=batch_wait_s)
+        app = create_app(
+            backend,
+            model_name=name,
+            max_new_tokens_limit=max_new_tokens_limit,
+            max_body_bytes=max_body_bytes,
+            batch_wait_s=batch_wait_s,
+        )
         holder["app"] = app
         shown_host = f"[{host}]" if ":" in host else host
-        print(f"envrl: serving {name} at http://{shown_host}:{server.server_port}/v1 "
-              f"({backend.device}, {backend.dtype}; Ctrl-C to stop)", flush=True)
+        print(
+            f"envrl: serving {name} at http://{shown_host}:{server.server_port}/v1 "
+            f"({backend.device}, {backend.dtype}; Ctrl-C to stop)",
+            flush=True,
+        )
         try:
             server.serve_forever()
         finally:
@@ -479,5 +513,12 @@ def serve(
     return 0
 
 
-__all__ = ["MicroBatcher", "RequestError", "completion_body", "create_app", "get_batcher", "parse_chat_request",
-           "serve"]
+__all__ = [
+    "MicroBatcher",
+    "RequestError",
+    "completion_body",
+    "create_app",
+    "get_batcher",
+    "parse_chat_request",
+    "serve",
+]

@@ -30,15 +30,21 @@ SPLIT_KINDS: dict[str, dict[str, str]] = {
 
 #: applied by ``gym.make`` outside ``TimeLimit``: lets the env know its episode was truncated
 TRUNCATION_SIGNAL = gym.envs.registration.WrapperSpec(
-    name="TruncationSignal", entry_point="envrl.envs.base:TruncationSignal", kwargs={})
+    name="TruncationSignal", entry_point="envrl.envs.base:TruncationSignal", kwargs={}
+)
 
 
 def register_envs() -> None:
     """Register every envrl id (idempotent)."""
     for env_id, entry_point, max_steps in ENVIRONMENTS.values():
         if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_steps,
-                         disable_env_checker=True, additional_wrappers=(TRUNCATION_SIGNAL,))
+            gym.register(
+                id=env_id,
+                entry_point=entry_point,
+                max_episode_steps=max_steps,
+                disable_env_checker=True,
+                additional_wrappers=(TRUNCATION_SIGNAL,),
+            )
 
 
 def env_id(name: str) -> str:

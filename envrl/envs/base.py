@@ -269,8 +269,9 @@ class TextEnv(gym.Env[str, str]):
             return f"Invalid action: {len(action)} characters (the limit is {MAX_ACTION_LENGTH})."
         return None
 
-    def _info(self, *, admissible_actions: list[str], valid_action: bool, success: bool, score: float,
-              extra: dict[str, Any]) -> dict[str, Any]:
+    def _info(
+        self, *, admissible_actions: list[str], valid_action: bool, success: bool, score: float, extra: dict[str, Any]
+    ) -> dict[str, Any]:
         info: dict[str, Any] = {
             "task_id": self._task_id,
             "task_type": self._task_type,
@@ -288,7 +289,6 @@ class TextEnv(gym.Env[str, str]):
     def _remember(self, observation: str, info: dict[str, Any]) -> None:
         self._last_observation = observation
         self._last_info = info
-
 
 
 class TruncationSignal(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):

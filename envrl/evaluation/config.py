@@ -63,7 +63,9 @@ class RunConfig:
     env_kwargs: dict[str, Any] = field(metadata=_IDENTITY)  # the agent's env_kwargs under the caller's
     step_limit: int | None
     agent_options: dict[str, Any]
-    agent_protocol: dict[str, Any] = field(metadata=_IDENTITY)  # what makes an agent's answers (template, sampling, model)
+    agent_protocol: dict[str, Any] = field(
+        metadata=_IDENTITY
+    )  # what makes an agent's answers (template, sampling, model)
     workers: int
     batch_size: int
     backend: str  # "processes" or "ray"
@@ -82,8 +84,11 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form: every field, in field order, but ``omit_none`` fields that are None."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if not (f.metadata.get("omit_none") and getattr(self, f.name) is None)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not (f.metadata.get("omit_none") and getattr(self, f.name) is None)
+        }
 
 
 def task_list_hash(task_ids: Sequence[str]) -> str:
@@ -183,8 +188,10 @@ def check_seeds(seed: Any, episodes: int) -> None:
     if not 0 <= seed < SEED_LIMIT:
         raise EvaluationError(f"seed must be in 0..{SEED_LIMIT - 1} (numpy's range), got {seed}")
     if seed + episodes > SEED_LIMIT:
-        raise EvaluationError(f"episode i uses seed {seed} + i, so {episodes} episodes need seed <= "
-                              f"{SEED_LIMIT - episodes} (seeds stop at {SEED_LIMIT - 1}), got {seed}")
+        raise EvaluationError(
+            f"episode i uses seed {seed} + i, so {episodes} episodes need seed <= "
+            f"{SEED_LIMIT - episodes} (seeds stop at {SEED_LIMIT - 1}), got {seed}"
+        )
 
 
 def check_run_id(run_id: str) -> None:

@@ -66,7 +66,7 @@ def error_message(exc: BaseException) -> str:
     if isinstance(exc, KeyError) and len(exc.args) == 1:
         exc = Exception(exc.args[0])
     prefix = f"{type(exc).__name__}: "
-    return describe_exception(exc, MAX_ERROR_LENGTH + len(prefix))[len(prefix):]
+    return describe_exception(exc, MAX_ERROR_LENGTH + len(prefix))[len(prefix) :]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -110,8 +110,9 @@ def build_agents(setup: EpisodeSetup) -> list[Any]:
     agents = [first]
     while len(agents) < setup.batch_size:
         sibling = getattr(first, "sibling", None)
-        agents.append(sibling() if callable(sibling) else build_agent(setup.agent_spec, setup.env_name,
-                                                                        setup.agent_options))
+        agents.append(
+            sibling() if callable(sibling) else build_agent(setup.agent_spec, setup.env_name, setup.agent_options)
+        )
     return agents
 
 
@@ -170,9 +171,15 @@ class Episode:
         """Play ``action`` and record the step; True when the episode is over (may raise)."""
         agent_info = getattr(self.agent, "step_info", None)  # set by the agent when it chose ``action``
         self.observation, reward, terminated, truncated, self.info = self.env.step(action)
-        self.trajectory.append(StepRecord(action=str(action), observation=str(self.observation),
-                                          reward=float(reward), valid=bool(self.info.get("valid_action", True)),
-                                          agent_info=dict(agent_info) if agent_info else None))
+        self.trajectory.append(
+            StepRecord(
+                action=str(action),
+                observation=str(self.observation),
+                reward=float(reward),
+                valid=bool(self.info.get("valid_action", True)),
+                agent_info=dict(agent_info) if agent_info else None,
+            )
+        )
         self.success = bool(self.info.get("success", False))
         self.score = float(self.info.get("score", 0.0))
         if terminated or truncated:
@@ -190,12 +197,23 @@ class Episode:
         turns = len(self.trajectory)
         s = self.setup
         return EpisodeRecord(
-            run_id=s.run_id, episode_index=self.index, env_id=s.env_id, split=s.split, task_id=self.task_id,
-            task_type=self.task_type, seed=self.seed, agent=s.agent_label,
-            success=self.success and self.error is None, score=self.score, turns=turns,
+            run_id=s.run_id,
+            episode_index=self.index,
+            env_id=s.env_id,
+            split=s.split,
+            task_id=self.task_id,
+            task_type=self.task_type,
+            seed=self.seed,
+            agent=s.agent_label,
+            success=self.success and self.error is None,
+            score=self.score,
+            turns=turns,
             valid_action_ratio=(sum(step.valid for step in self.trajectory) / turns) if turns else None,
-            wall_time=time.perf_counter() - self.start, error=self.error, trajectory=self.trajectory,
-            initial_observation=self.initial_observation, finished_at=time.time(),
+            wall_time=time.perf_counter() - self.start,
+            error=self.error,
+            trajectory=self.trajectory,
+            initial_observation=self.initial_observation,
+            finished_at=time.time(),
             agent_stats=stats() if callable(stats) else None,
         )
 
@@ -211,8 +229,12 @@ class EpisodeBatch:
     Builds its envs and agents at once (and raises if it cannot); :meth:`close` closes them.
     """
 
-    def __init__(self, setup: EpisodeSetup, on_done: Callable[[EpisodeRecord], None],
-                 on_start: Callable[[int, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        setup: EpisodeSetup,
+        on_done: Callable[[EpisodeRecord], None],
+        on_start: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.setup = setup
         self.on_done = on_done
         self.on_start = on_start
@@ -301,8 +323,9 @@ class EpisodeBatch:
 
         episodes = [episode for _, episode in active]
         try:
-            actions = act_batch([e.agent for e in episodes], [e.observation for e in episodes],
-                                [e.info for e in episodes])
+            actions = act_batch(
+                [e.agent for e in episodes], [e.observation for e in episodes], [e.info for e in episodes]
+            )
         except Exception as exc:
             for slot, _ in active:
                 self._finish(slot, exc, rebuild_env=False)

@@ -89,31 +89,39 @@ def run_rows(runs_dir: str | os.PathLike[str] | None = None) -> list[dict[str, A
     for run in ResultStore(runs_dir).list_runs():
         m = summarize(run["episodes"])
         config = run["config"]
-        rows.append({
-            "run_id": run["run_id"],
-            "env": run["env"],
-            "env_id": run["env_id"],
-            "split": run["split"],
-            "kind": split_kind(run["env"], run["split"]),
-            "agent": run["agent"],
-            "seed": run["seed"],
-            "episodes_done": m.episodes,
-            "episodes_planned": max(run["episodes_planned"], m.episodes),
-            "successes": m.successes,
-            "success_rate": m.success_rate,
-            "ci_low": m.ci_low,
-            "ci_high": m.ci_high,
-            "mean_score": m.mean_score,
-            "mean_turns": m.mean_turns,
-            "mean_turns_success": m.mean_turns_success,
-            "valid_action_ratio": m.valid_action_ratio,
-            "errors": m.errors,
-            "env_protocol": _env_protocol(run),
-            "agent_protocol": config.get("agent_protocol") or {},
-            "updated_at": run["updated_at"],
-        })
-    rows.sort(key=lambda r: (r["env"], _split_order(r["env"], r["split"]),
-                             -r["success_rate"] if r["episodes_done"] else 1.0, r["run_id"]))
+        rows.append(
+            {
+                "run_id": run["run_id"],
+                "env": run["env"],
+                "env_id": run["env_id"],
+                "split": run["split"],
+                "kind": split_kind(run["env"], run["split"]),
+                "agent": run["agent"],
+                "seed": run["seed"],
+                "episodes_done": m.episodes,
+                "episodes_planned": max(run["episodes_planned"], m.episodes),
+                "successes": m.successes,
+                "success_rate": m.success_rate,
+                "ci_low": m.ci_low,
+                "ci_high": m.ci_high,
+                "mean_score": m.mean_score,
+                "mean_turns": m.mean_turns,
+                "mean_turns_success": m.mean_turns_success,
+                "valid_action_ratio": m.valid_action_ratio,
+                "errors": m.errors,
+                "env_protocol": _env_protocol(run),
+                "agent_protocol": config.get("agent_protocol") or {},
+                "updated_at": run["updated_at"],
+            }
+        )
+    rows.sort(
+        key=lambda r: (
+            r["env"],
+            _split_order(r["env"], r["split"]),
+            -r["success_rate"] if r["episodes_done"] else 1.0,
+            r["run_id"],
+        )
+    )
     return rows
 
 
@@ -121,8 +129,13 @@ def run_rows(runs_dir: str | os.PathLike[str] | None = None) -> list[dict[str, A
 
 
 def _describe_difference(protocol: dict[str, Any], reference: dict[str, Any]) -> str:
-    names = {"step_limit": "step limit", "task_ids_sha256": "task list", "episodes": "episodes",
-             "seed": "seed", "engine_versions": "engine versions"}
+    names = {
+        "step_limit": "step limit",
+        "task_ids_sha256": "task list",
+        "episodes": "episodes",
+        "seed": "seed",
+        "engine_versions": "engine versions",
+    }
     parts = []
     for key in ENV_PROTOCOL_KEYS:
         if protocol.get(key) != reference.get(key):
@@ -167,20 +180,28 @@ def leaderboard_data(runs_dir: str | os.PathLike[str] | None = None, include_rep
     notes: list[str] = []
     rows: dict[str, dict[str, Any]] = {}
     for (label, column), run in chosen.items():
-        row = rows.setdefault(label, {"agent": label, "source": "measured", "reference": None,
-                                      "protocol": run["agent_protocol"], "cells": {}})
+        row = rows.setdefault(
+            label,
+            {"agent": label, "source": "measured", "reference": None, "protocol": run["agent_protocol"], "cells": {}},
+        )
         row["cells"][column] = {
-            "run_id": run["run_id"], "success_rate": run["success_rate"] if run["episodes_done"] else None,
+            "run_id": run["run_id"],
+            "success_rate": run["success_rate"] if run["episodes_done"] else None,
             "ci_low": run["ci_low"] if run["episodes_done"] else None,
             "ci_high": run["ci_high"] if run["episodes_done"] else None,
-            "episodes": run["episodes_done"], "mean_turns": run["mean_turns"],
-            "mean_turns_success": run["mean_turns_success"], "rank": None, "protocol_note": None,
+            "episodes": run["episodes_done"],
+            "mean_turns": run["mean_turns"],
+            "mean_turns_success": run["mean_turns_success"],
+            "rank": None,
+            "protocol_note": None,
             "env_protocol": run["env_protocol"],
         }
     for agent, digests in settings.items():
         if len(digests) > 1:
-            notes.append(f"{agent} was run with {len(digests)} different agent settings (template, sampling or "
-                         f"model); each has its own row, see its runs' protocols.")
+            notes.append(
+                f"{agent} was run with {len(digests)} different agent settings (template, sampling or "
+                f"model); each has its own row, see its runs' protocols."
+            )
 
     # rank each column among the runs that share its most common env-side protocol
     columns_seen = sorted({c for row in rows.values() for c in row["cells"]})
@@ -199,9 +220,11 @@ def leaderboard_data(runs_dir: str | os.PathLike[str] | None = None, include_rep
         for cell in unranked:
             cell["protocol_note"] = _describe_difference(cell["env_protocol"], reference)
         if unranked:
-            notes.append(f"{column}: {len(unranked)} run(s) are not ranked because their protocol differs from "
-                         f"the {len(ranked)} ranked run(s): " +
-                         "; ".join(f"{c['run_id']} ({c['protocol_note']})" for c in unranked))
+            notes.append(
+                f"{column}: {len(unranked)} run(s) are not ranked because their protocol differs from "
+                f"the {len(ranked)} ranked run(s): "
+                + "; ".join(f"{c['run_id']} ({c['protocol_note']})" for c in unranked)
+            )
     for row in rows.values():
         for cell in row["cells"].values():
             del cell["env_protocol"]
@@ -210,22 +233,40 @@ def leaderboard_data(runs_dir: str | os.PathLike[str] | None = None, include_rep
     reported: list[dict[str, Any]] = []
     if include_reported:
         for entry in reported_rows():
-            reported.append({
-                "agent": entry["agent"], "source": "reported",
-                "reference": {"paper": entry["paper"], "url": entry.get("url"), "model": entry["model"],
-                              "protocol": " | ".join(f"{r['env']}/{r['split']}: {r['protocol']}"
-                                                     for r in entry["results"]),
-                              "note": "reported in the paper, not measured here"},
-                "protocol": {},
-                "cells": {f"{r['env']}/{r['split']}": {
-                    "run_id": None, "success_rate": r["success_rate"], "ci_low": None, "ci_high": None,
-                    "episodes": None, "mean_turns": r.get("mean_turns"), "mean_turns_success": None,
-                    "rank": None, "protocol_note": r["protocol"]} for r in entry["results"]},
-            })
+            reported.append(
+                {
+                    "agent": entry["agent"],
+                    "source": "reported",
+                    "reference": {
+                        "paper": entry["paper"],
+                        "url": entry.get("url"),
+                        "model": entry["model"],
+                        "protocol": " | ".join(f"{r['env']}/{r['split']}: {r['protocol']}" for r in entry["results"]),
+                        "note": "reported in the paper, not measured here",
+                    },
+                    "protocol": {},
+                    "cells": {
+                        f"{r['env']}/{r['split']}": {
+                            "run_id": None,
+                            "success_rate": r["success_rate"],
+                            "ci_low": None,
+                            "ci_high": None,
+                            "episodes": None,
+                            "mean_turns": r.get("mean_turns"),
+                            "mean_turns_success": None,
+                            "rank": None,
+                            "protocol_note": r["protocol"],
+                        }
+                        for r in entry["results"]
+                    },
+                }
+            )
         if reported:
-            notes.append("Reported rows are figures published in papers, under their own protocols (often the "
-                         "official data and other models); they are shown for reference and never ranked with "
-                         "runs measured here.")
+            notes.append(
+                "Reported rows are figures published in papers, under their own protocols (often the "
+                "official data and other models); they are shown for reference and never ranked with "
+                "runs measured here."
+            )
     keys = {c for row in measured for c in row["cells"]}
     keys |= {c for row in reported for c in row["cells"]}
     columns = []
@@ -272,17 +313,26 @@ def _env_tables(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[st
                 continue
             label = row["agent"]
             if row["source"] == "reported":
-                footnotes.append(f"[R{len(footnotes) + 1}] {row['agent']}: {row['reference']['model']}; "
-                                 f"{row['reference']['paper']}"
-                                 + (f" <{row['reference']['url']}>" if row["reference"]["url"] else "")
-                                 + "; " + "; ".join(f"{c['split']}: {row['cells'][c['key']]['protocol_note']}"
-                                                    for c in columns if c["key"] in row["cells"]))
+                footnotes.append(
+                    f"[R{len(footnotes) + 1}] {row['agent']}: {row['reference']['model']}; "
+                    f"{row['reference']['paper']}"
+                    + (f" <{row['reference']['url']}>" if row["reference"]["url"] else "")
+                    + "; "
+                    + "; ".join(
+                        f"{c['split']}: {row['cells'][c['key']]['protocol_note']}"
+                        for c in columns
+                        if c["key"] in row["cells"]
+                    )
+                )
                 label = f"{label} (reported) [R{len(footnotes)}]"
             cells = [label]
             for c in columns:
                 cell = row["cells"].get(c["key"])
-                cells += [_rate_cell(cell), format_number(cell["mean_turns"], 1) if cell else "-",
-                          format_number(cell["mean_turns_success"], 1) if cell else "-"]
+                cells += [
+                    _rate_cell(cell),
+                    format_number(cell["mean_turns"], 1) if cell else "-",
+                    format_number(cell["mean_turns_success"], 1) if cell else "-",
+                ]
             body.append(cells)
         tables.append((env, headers, body, footnotes))
     return tables
@@ -318,13 +368,25 @@ def render_leaderboard(data: dict[str, Any], fmt: str = "text") -> str:
             out += footnotes
         out.append("")
     if data["notes"]:
-        out += [("- " if fmt == "markdown" else "note: ") + (_markdown_cell(n) if fmt == "markdown" else n)
-                for n in data["notes"]]
+        out += [
+            ("- " if fmt == "markdown" else "note: ") + (_markdown_cell(n) if fmt == "markdown" else n)
+            for n in data["notes"]
+        ]
     return "\n".join(out).rstrip()
 
 
-RUN_HEADERS = ["run id", "env", "split", "agent", "episodes", "success % [95% CI]", "score", "turns",
-               "turns (succ.)", "valid %"]
+RUN_HEADERS = [
+    "run id",
+    "env",
+    "split",
+    "agent",
+    "episodes",
+    "success % [95% CI]",
+    "score",
+    "turns",
+    "turns (succ.)",
+    "valid %",
+]
 
 
 def _run_cells(row: dict[str, Any]) -> list[str]:
@@ -332,9 +394,18 @@ def _run_cells(row: dict[str, Any]) -> list[str]:
         rate = f"{100 * row['success_rate']:.1f} [{100 * row['ci_low']:.1f}, {100 * row['ci_high']:.1f}]"
     else:
         rate = "-"
-    return [row["run_id"], row["env"], row["split"], row["agent"], f"{row['episodes_done']}/{row['episodes_planned']}",
-            rate, format_number(row["mean_score"]), format_number(row["mean_turns"], 1),
-            format_number(row["mean_turns_success"], 1), format_number(row["valid_action_ratio"], percent=True)]
+    return [
+        row["run_id"],
+        row["env"],
+        row["split"],
+        row["agent"],
+        f"{row['episodes_done']}/{row['episodes_planned']}",
+        rate,
+        format_number(row["mean_score"]),
+        format_number(row["mean_turns"], 1),
+        format_number(row["mean_turns_success"], 1),
+        format_number(row["valid_action_ratio"], percent=True),
+    ]
 
 
 def render_runs(rows: list[dict[str, Any]], fmt: str = "text") -> str:
@@ -344,8 +415,10 @@ def render_runs(rows: list[dict[str, Any]], fmt: str = "text") -> str:
     if fmt == "json":
         return json.dumps(rows, indent=2)
     if fmt == "markdown":
-        lines = ["| " + " | ".join(RUN_HEADERS) + " |",
-                 "|" + "|".join("---:" if i >= 4 else "---" for i in range(len(RUN_HEADERS))) + "|"]
+        lines = [
+            "| " + " | ".join(RUN_HEADERS) + " |",
+            "|" + "|".join("---:" if i >= 4 else "---" for i in range(len(RUN_HEADERS))) + "|",
+        ]
         lines += ["| " + " | ".join(_markdown_cell(c) for c in _run_cells(row)) + " |" for row in rows]
         return "\n".join(lines)
     if not rows:

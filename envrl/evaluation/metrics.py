@@ -20,8 +20,9 @@ Conventions:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 #: two-sided 95% normal quantile, Phi^-1(0.975)
 Z_95 = 1.959963984540054

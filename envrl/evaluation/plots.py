@@ -84,13 +84,13 @@ def _png(figure: Figure) -> bytes:
 def _empty(figure: Figure, message: str) -> bytes:
     axes = figure.add_subplot()
     axes.set_axis_off()
-    axes.text(0.5, 0.5, message, ha="center", va="center", fontsize=12, color="#666666",
-              transform=axes.transAxes)
+    axes.text(0.5, 0.5, message, ha="center", va="center", fontsize=12, color="#666666", transform=axes.transAxes)
     return _png(figure)
 
 
-def rate_bars_png(bars: Sequence[RateBar], title: str, colors: Sequence[str] | None = None,
-                  legend: Sequence[tuple[str, str]] = ()) -> bytes:
+def rate_bars_png(
+    bars: Sequence[RateBar], title: str, colors: Sequence[str] | None = None, legend: Sequence[tuple[str, str]] = ()
+) -> bytes:
     """Bars of success % with 95% CI whiskers and ``k/n`` above each bar.
 
     ``colors`` gives one colour per bar (default: all :data:`COLOR_NEUTRAL`); ``legend`` is
@@ -104,17 +104,30 @@ def rate_bars_png(bars: Sequence[RateBar], title: str, colors: Sequence[str] | N
     heights = [100 * b.rate for b in bars]
     below = [100 * max(0.0, b.rate - b.ci_low) for b in bars]
     above = [100 * max(0.0, b.ci_high - b.rate) for b in bars]
-    axes.bar(positions, heights, color=colors, width=0.6,
-             edgecolor=["#222222" if b.highlight else "none" for b in bars],
-             linewidth=[2.0 if b.highlight else 0.0 for b in bars])
+    axes.bar(
+        positions,
+        heights,
+        color=colors,
+        width=0.6,
+        edgecolor=["#222222" if b.highlight else "none" for b in bars],
+        linewidth=[2.0 if b.highlight else 0.0 for b in bars],
+    )
     axes.errorbar(positions, heights, yerr=[below, above], fmt="none", ecolor="#333333", capsize=4, linewidth=1)
     for x, bar in zip(positions, bars, strict=True):
         successes = round(bar.rate * bar.episodes)
-        axes.text(x, min(100 * bar.ci_high + 2, 104), f"{successes}/{bar.episodes}", ha="center", va="bottom",
-                  fontsize=8, color="#333333")
+        axes.text(
+            x,
+            min(100 * bar.ci_high + 2, 104),
+            f"{successes}/{bar.episodes}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="#333333",
+        )
     crowded = len(bars) > 4
-    axes.set_xticks(positions, [_short(b.label) for b in bars], rotation=20 if crowded else 0,
-                    ha="right" if crowded else "center")
+    axes.set_xticks(
+        positions, [_short(b.label) for b in bars], rotation=20 if crowded else 0, ha="right" if crowded else "center"
+    )
     axes.set_ylim(0, 112)
     axes.set_yticks([0, 20, 40, 60, 80, 100])
     axes.set_ylabel("success % (95% CI)")
@@ -135,8 +148,11 @@ def split_png(bars: Sequence[RateBar]) -> bytes:
     """Success of one agent on each split of an env, ID and OOD splits in two colours (the
     bar with ``highlight`` is the run the page is about)."""
     colors = [COLOR_OOD if b.kind == "OOD" else COLOR_ID for b in bars]
-    legend = [(kind, COLOR_OOD if kind == "OOD" else COLOR_ID)
-              for kind in ("ID", "OOD") if any((b.kind == "OOD") == (kind == "OOD") for b in bars)]
+    legend = [
+        (kind, COLOR_OOD if kind == "OOD" else COLOR_ID)
+        for kind in ("ID", "OOD")
+        if any((b.kind == "OOD") == (kind == "OOD") for b in bars)
+    ]
     return rate_bars_png(bars, "same agent on every split of this env", colors, legend)
 
 
@@ -156,9 +172,13 @@ def turns_histogram_png(success_turns: Sequence[int], failure_turns: Sequence[in
         edges = [low + i * width for i in range(61)]
         edges[-1] = math.nextafter(high, math.inf)
     axes = figure.add_subplot()
-    axes.hist([list(success_turns), list(failure_turns)], bins=edges, stacked=True,
-              color=[COLOR_SUCCESS, COLOR_FAILURE],
-              label=[f"successes ({len(success_turns)})", f"failures ({len(failure_turns)})"])
+    axes.hist(
+        [list(success_turns), list(failure_turns)],
+        bins=edges,
+        stacked=True,
+        color=[COLOR_SUCCESS, COLOR_FAILURE],
+        label=[f"successes ({len(success_turns)})", f"failures ({len(failure_turns)})"],
+    )
     axes.set_xlim(edges[0] - 1, edges[-1] + 1)  # a single bin still gets a readable axis
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -172,5 +192,14 @@ def turns_histogram_png(success_turns: Sequence[int], failure_turns: Sequence[in
     return _png(figure)
 
 
-__all__ = ["COLOR_FAILURE", "COLOR_ID", "COLOR_OOD", "COLOR_SUCCESS", "RateBar", "rate_bars_png", "split_png",
-           "task_type_png", "turns_histogram_png"]
+__all__ = [
+    "COLOR_FAILURE",
+    "COLOR_ID",
+    "COLOR_OOD",
+    "COLOR_SUCCESS",
+    "RateBar",
+    "rate_bars_png",
+    "split_png",
+    "task_type_png",
+    "turns_histogram_png",
+]

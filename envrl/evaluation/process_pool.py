@@ -73,8 +73,7 @@ class JobQueue:
     indices (a run of a billion episodes must not build a billion jobs up front), and jobs
     given back (retries, jobs a worker could not take), which go first."""
 
-    def __init__(self, indices: Iterable[int] = (), count: int = 0,
-                 make: Callable[[int], Job] | None = None) -> None:
+    def __init__(self, indices: Iterable[int] = (), count: int = 0, make: Callable[[int], Job] | None = None) -> None:
         self._fresh: Iterator[int] = iter(indices)
         self._fresh_left = count
         self._make = make
@@ -142,14 +141,24 @@ class WorkerPool(ABC, Generic[W]):
     #: what a worker is called in messages (one, several)
     worker_noun, workers_noun = "worker", "workers"
 
-    def __init__(self, size: int, setup: EpisodeSetup, on_record: Callable[[EpisodeRecord], None], *,
-                 episode_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        setup: EpisodeSetup,
+        on_record: Callable[[EpisodeRecord], None],
+        *,
+        episode_timeout: float | None = None,
+    ) -> None:
         self.size = size
         self.setup = setup
         self.batch_size = setup.batch_size
         self.on_record = on_record
-        self.run_id, self.env_id, self.split, self.agent_label = (setup.run_id, setup.env_id, setup.split,
-                                                                  setup.agent_label)
+        self.run_id, self.env_id, self.split, self.agent_label = (
+            setup.run_id,
+            setup.env_id,
+            setup.split,
+            setup.agent_label,
+        )
         self.episode_timeout = episode_timeout
         self.workers: list[W] = []
         self.pending = JobQueue()
@@ -285,12 +294,15 @@ class WorkerPool(ABC, Generic[W]):
         job.attempts += 1
         where = f"episode {job.index} (task {job.task_id}, seed {job.seed})"
         if job.attempts <= MAX_RETRIES:
-            say(f"envrl: {self.worker_noun} {pid} died ({reason}) during {where}; "
-                f"starting a new worker and retrying that episode once")
+            say(
+                f"envrl: {self.worker_noun} {pid} died ({reason}) during {where}; "
+                f"starting a new worker and retrying that episode once"
+            )
             self.pending.appendleft(job)
             return
-        say(f"envrl: {self.worker_noun} {pid} died again ({reason}) during {where}; "
-            f"recording it as failed and going on")
+        say(
+            f"envrl: {self.worker_noun} {pid} died again ({reason}) during {where}; recording it as failed and going on"
+        )
         self.on_record(self._failed_record(job, reason))
 
     def _lost_idle(self, pid: Any, reason: str) -> None:
@@ -301,14 +313,24 @@ class WorkerPool(ABC, Generic[W]):
         if self.startup_failures > self.size + 3:
             raise RunFailed(
                 f"{self.workers_noun} keep dying before playing any episode (last: {reason}); if you call "
-                f"run_evaluation from a script, put the call under `if __name__ == \"__main__\":` "
-                f"(worker processes import the main module)")
+                f'run_evaluation from a script, put the call under `if __name__ == "__main__":` '
+                f"(worker processes import the main module)"
+            )
 
     def _failed_record(self, job: Job, reason: str) -> EpisodeRecord:
         return EpisodeRecord(
-            run_id=self.run_id, episode_index=job.index, env_id=self.env_id, split=self.split,
-            task_id=job.task_id, task_type=job.task_type, seed=job.seed, agent=self.agent_label,
-            success=False, score=0.0, turns=0, valid_action_ratio=None,
+            run_id=self.run_id,
+            episode_index=job.index,
+            env_id=self.env_id,
+            split=self.split,
+            task_id=job.task_id,
+            task_type=job.task_type,
+            seed=job.seed,
+            agent=self.agent_label,
+            success=False,
+            score=0.0,
+            turns=0,
+            valid_action_ratio=None,
             wall_time=time.monotonic() - job.started,
             error=f"{self.worker_noun} died {job.attempts} times during this episode ({reason})",
             finished_at=time.time(),
@@ -333,8 +355,16 @@ class ProcessPool(WorkerPool[ProcessWorker]):
 
     worker_noun, workers_noun = "worker process", "worker processes"
 
-    def __init__(self, size: int, setup: EpisodeSetup, on_record: Callable[[EpisodeRecord], None], *,
-                 environ: dict[str, str], start_method: str, episode_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        setup: EpisodeSetup,
+        on_record: Callable[[EpisodeRecord], None],
+        *,
+        environ: dict[str, str],
+        start_method: str,
+        episode_timeout: float | None = None,
+    ) -> None:
         super().__init__(size, setup, on_record, episode_timeout=episode_timeout)
         self.ctx = mp.get_context(start_method)
         if start_method == "forkserver":
@@ -418,8 +448,11 @@ def worker_main(conn: Any, environ: dict[str, str], setup: EpisodeSetup) -> None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _PARENT_PID = os.getppid()
     try:
-        batch = EpisodeBatch(setup, on_done=lambda record: conn.send(("done", record.to_dict())),
-                             on_start=lambda index, task_type: conn.send(("started", index, task_type)))
+        batch = EpisodeBatch(
+            setup,
+            on_done=lambda record: conn.send(("done", record.to_dict())),
+            on_start=lambda index, task_type: conn.send(("started", index, task_type)),
+        )
     except Exception as exc:
         try:
             conn.send(("init_error", describe_error(exc)))

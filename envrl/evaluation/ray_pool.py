@@ -80,8 +80,16 @@ class RayPool(WorkerPool[ActorWorker]):
 
     worker_noun, workers_noun = "Ray actor", "Ray actors"
 
-    def __init__(self, size: int, setup: EpisodeSetup, on_record: Callable[[EpisodeRecord], None], *,
-                 environ: dict[str, str], ray_address: str, episode_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        setup: EpisodeSetup,
+        on_record: Callable[[EpisodeRecord], None],
+        *,
+        environ: dict[str, str],
+        ray_address: str,
+        episode_timeout: float | None = None,
+    ) -> None:
         super().__init__(size, setup, on_record, episode_timeout=episode_timeout)
         self.ray_address = ray_address
         self.worker_args = (environ, setup)

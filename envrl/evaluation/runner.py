@@ -89,12 +89,20 @@ from envrl.processes import start_method as default_start_method
 from envrl.ray_cluster import forwarded_environment
 
 __all__ = [
-    "SEED_LIMIT", "AgentSpec", "EvaluationError", "RunFailed", "RunSummary", "agent_run_name", "default_run_id",
-    "resolve_env", "run_evaluation",
+    "SEED_LIMIT",
+    "AgentSpec",
+    "EvaluationError",
+    "RunFailed",
+    "RunSummary",
+    "agent_run_name",
+    "default_run_id",
+    "resolve_env",
+    "run_evaluation",
 ]
 
 #: task ids named in an error about tasks an agent cannot play
 SHOWN_TASKS = 3
+
 
 @dataclass
 class RunSummary:
@@ -123,12 +131,16 @@ class RunSummary:
         ]
         stats = [r.agent_stats for r in self.records if r.agent_stats]
         if stats:
-            total = {key: sum(int(s.get(key, 0)) for s in stats) for key in
-                     ("responses", "format_invalid", "failed_requests", "prompt_tokens", "completion_tokens")}
+            total = {
+                key: sum(int(s.get(key, 0)) for s in stats)
+                for key in ("responses", "format_invalid", "failed_requests", "prompt_tokens", "completion_tokens")
+            }
             share = total["format_invalid"] / total["responses"] if total["responses"] else 0.0
-            lines.append(f"model responses: {total['responses']} ({100 * share:.1f}% format-invalid, "
-                         f"{total['failed_requests']} failed requests), tokens: {total['prompt_tokens']} prompt, "
-                         f"{total['completion_tokens']} completion")
+            lines.append(
+                f"model responses: {total['responses']} ({100 * share:.1f}% format-invalid, "
+                f"{total['failed_requests']} failed requests), tokens: {total['prompt_tokens']} prompt, "
+                f"{total['completion_tokens']} completion"
+            )
         lines += ["", report_table(self.metrics)]
         return "\n".join(lines)
 
@@ -182,18 +194,36 @@ def run_evaluation(
     _check_arguments(episodes, workers, episode_timeout, batch_size, seed, ray_address)
     agent_options = {k: v for k, v in dict(agent_options or {}).items() if v is not None}
     checked = _check_env_and_agent(env_name, split, agent_spec, agent_options, env_kwargs, episodes)
-    config = _run_config(checked, agent_spec, agent_options, episodes=episodes, seed=seed, workers=workers,
-                         batch_size=batch_size, backend="processes" if ray_address is None else "ray")
+    config = _run_config(
+        checked,
+        agent_spec,
+        agent_options,
+        episodes=episodes,
+        seed=seed,
+        workers=workers,
+        batch_size=batch_size,
+        backend="processes" if ray_address is None else "ray",
+    )
     run_id = run_id or default_run_id(checked.env, split, agent_run_name(agent_spec, checked.agent_label), seed)
     check_run_id(run_id)
     writer = _open_run(runs_dir, run_id, config)
     try:
-        played = _play(writer, config, checked.task_ids, agent_spec, progress=progress,
-                       episode_timeout=episode_timeout, start_method=start_method, ray_address=ray_address)
+        played = _play(
+            writer,
+            config,
+            checked.task_ids,
+            agent_spec,
+            progress=progress,
+            episode_timeout=episode_timeout,
+            start_method=start_method,
+            ray_address=ray_address,
+        )
     except KeyboardInterrupt:
         done = sum(1 for i in writer.records if i < episodes)
-        say(f"envrl: interrupted; {done} of {episodes} episodes of run {run_id} are recorded in "
-            f"{writer.run_dir}. Run the same command again to resume.")
+        say(
+            f"envrl: interrupted; {done} of {episodes} episodes of run {run_id} are recorded in "
+            f"{writer.run_dir}. Run the same command again to resume."
+        )
         raise
     finally:
         writer.close()
@@ -203,8 +233,9 @@ def run_evaluation(
 # ---- 1. the input ----------------------------------------------------------------------------
 
 
-def _check_arguments(episodes: Any, workers: Any, episode_timeout: float | None, batch_size: Any, seed: Any,
-                     ray_address: str | None) -> None:
+def _check_arguments(
+    episodes: Any, workers: Any, episode_timeout: float | None, batch_size: Any, seed: Any, ray_address: str | None
+) -> None:
     """What can be checked before anything is built or written."""
     check_counts(episodes, workers, episode_timeout, batch_size, seed)
     if ray_address is not None:
@@ -228,8 +259,14 @@ class _Checked:
     step_limit: int | None
 
 
-def _check_env_and_agent(env_name: str, split: str, agent_spec: AgentSpec, agent_options: Mapping[str, Any],
-                         env_kwargs: Mapping[str, Any] | None, episodes: int) -> _Checked:
+def _check_env_and_agent(
+    env_name: str,
+    split: str,
+    agent_spec: AgentSpec,
+    agent_options: Mapping[str, Any],
+    env_kwargs: Mapping[str, Any] | None,
+    episodes: int,
+) -> _Checked:
     """Build the agent and the env once: bad input fails now, with a clear message, and before
     anything is written to the store (a run that cannot start is never registered)."""
     env_short, env_id = resolve_env(env_name)
@@ -246,8 +283,7 @@ def _check_env_and_agent(env_name: str, split: str, agent_spec: AgentSpec, agent
     if not probe.task_ids:
         raise EvaluationError(f"split {split!r} of {env_id} has no tasks")
     _check_playable(label, split, probe, episodes)
-    return _Checked(env_short, env_id, split, label, merged_kwargs, agent_protocol, probe.task_ids,
-                    probe.step_limit)
+    return _Checked(env_short, env_id, split, label, merged_kwargs, agent_protocol, probe.task_ids, probe.step_limit)
 
 
 def _build_checked_agent(agent_spec: AgentSpec, env_short: str, agent_options: Mapping[str, Any]) -> Any:
@@ -275,8 +311,9 @@ class _Probe:
     unplayable: dict[str, str]  # task id -> why the agent cannot play it (tasks this run would play)
 
 
-def _probe_env(env_id: str, split: str, env_kwargs: Mapping[str, Any], agent: Any = None,
-               episodes: int | None = None) -> _Probe:
+def _probe_env(
+    env_id: str, split: str, env_kwargs: Mapping[str, Any], agent: Any = None, episodes: int | None = None
+) -> _Probe:
     """Make the env once and read the split's task ids and the step limit, and ask ``agent``
     (its optional ``unplayable_tasks(env, task_ids)``) which of the tasks the run would play
     it cannot play. Bad input becomes EvaluationError (an env may reject an unknown split in
@@ -318,21 +355,42 @@ def _check_playable(agent_label: str, split: str, probe: _Probe, episodes: int) 
     reasons = "; ".join(sorted(set(probe.unplayable.values())))
     raise EvaluationError(
         f"agent {agent_label!r} cannot play {len(probe.unplayable)} of the {played} tasks of split {split!r} "
-        f"this run would play ({reasons}): {shown}{f' and {more} more' if more > 0 else ''}")
+        f"this run would play ({reasons}): {shown}{f' and {more} more' if more > 0 else ''}"
+    )
 
 
 # ---- 2. the configuration, 3. the run in the store -----------------------------------------
 
 
-def _run_config(checked: _Checked, agent_spec: AgentSpec, agent_options: dict[str, Any], *, episodes: int,
-                seed: int, workers: int, batch_size: int, backend: str) -> RunConfig:
+def _run_config(
+    checked: _Checked,
+    agent_spec: AgentSpec,
+    agent_options: dict[str, Any],
+    *,
+    episodes: int,
+    seed: int,
+    workers: int,
+    batch_size: int,
+    backend: str,
+) -> RunConfig:
     """The run's :class:`RunConfig`, with the versions of the packages that can change its results."""
     agent_kind = agent_spec.split(":", 1)[0] if isinstance(agent_spec, str) else ""
     return RunConfig(
-        env=checked.env, env_id=checked.env_id, split=checked.split, agent=checked.agent_label, episodes=episodes,
-        seed=seed, env_kwargs=checked.env_kwargs, step_limit=checked.step_limit, agent_options=agent_options,
-        agent_protocol=checked.agent_protocol, workers=workers, batch_size=batch_size, backend=backend,
-        task_count=len(checked.task_ids), task_ids_sha256=task_list_hash(checked.task_ids),
+        env=checked.env,
+        env_id=checked.env_id,
+        split=checked.split,
+        agent=checked.agent_label,
+        episodes=episodes,
+        seed=seed,
+        env_kwargs=checked.env_kwargs,
+        step_limit=checked.step_limit,
+        agent_options=agent_options,
+        agent_protocol=checked.agent_protocol,
+        workers=workers,
+        batch_size=batch_size,
+        backend=backend,
+        task_count=len(checked.task_ids),
+        task_ids_sha256=task_list_hash(checked.task_ids),
         versions=dict(package_versions(("gymnasium", *ENGINE_PACKAGES.get(checked.env, ()))), envrl=envrl_version()),
         agent_versions=package_versions(AGENT_PACKAGES[agent_kind]) if agent_kind in AGENT_PACKAGES else None,
     )
@@ -361,19 +419,48 @@ def _missing_jobs(recorded: Mapping[int, Any], episodes: int, task_ids: list[str
     return JobQueue(indices, episodes - done, make)
 
 
-def _make_pool(config: RunConfig, agent_spec: AgentSpec, run_id: str, job_count: int, on_record: Any, *,
-               episode_timeout: float | None, start_method: str | None, ray_address: str | None) -> WorkerPool:
+def _make_pool(
+    config: RunConfig,
+    agent_spec: AgentSpec,
+    run_id: str,
+    job_count: int,
+    on_record: Any,
+    *,
+    episode_timeout: float | None,
+    start_method: str | None,
+    ray_address: str | None,
+) -> WorkerPool:
     """Worker processes, or Ray actors with ``ray_address``: no more of them, and no bigger
     batches, than there are episodes to play."""
-    setup = EpisodeSetup(env_id=config.env_id, split=config.split, env_kwargs=config.env_kwargs,
-                         agent_spec=agent_spec, agent_options=config.agent_options, env_name=config.env,
-                         run_id=run_id, agent_label=config.agent, batch_size=min(config.batch_size, job_count))
+    setup = EpisodeSetup(
+        env_id=config.env_id,
+        split=config.split,
+        env_kwargs=config.env_kwargs,
+        agent_spec=agent_spec,
+        agent_options=config.agent_options,
+        env_name=config.env,
+        run_id=run_id,
+        agent_label=config.agent,
+        batch_size=min(config.batch_size, job_count),
+    )
     size = min(config.workers, -(-job_count // setup.batch_size))
     if ray_address is None:
-        return ProcessPool(size, setup, on_record, environ=environment_snapshot(),
-                           start_method=start_method or default_start_method(), episode_timeout=episode_timeout)
-    return RayPool(size, setup, on_record, environ=forwarded_environment(), ray_address=ray_address,
-                   episode_timeout=episode_timeout)
+        return ProcessPool(
+            size,
+            setup,
+            on_record,
+            environ=environment_snapshot(),
+            start_method=start_method or default_start_method(),
+            episode_timeout=episode_timeout,
+        )
+    return RayPool(
+        size,
+        setup,
+        on_record,
+        environ=forwarded_environment(),
+        ray_address=ray_address,
+        episode_timeout=episode_timeout,
+    )
 
 
 class _Recorder:
@@ -387,8 +474,15 @@ class _Recorder:
         self.played = 0
         self.successes = sum(1 for i, r in writer.records.items() if i < episodes and r.success)
         self.errors = 0
-        self.bar = tqdm(total=episodes, initial=recorded, desc=writer.run_id, unit="ep", disable=not progress,
-                        file=sys.stderr, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=episodes,
+            initial=recorded,
+            desc=writer.run_id,
+            unit="ep",
+            disable=not progress,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
 
     def __call__(self, record: EpisodeRecord) -> None:
         self.writer.append(record)
@@ -402,16 +496,25 @@ class _Recorder:
         self.bar.close()
 
 
-def _play(writer: RunWriter, config: RunConfig, task_ids: list[str], agent_spec: AgentSpec, *, progress: bool,
-          **pool_options: Any) -> int:
+def _play(
+    writer: RunWriter,
+    config: RunConfig,
+    task_ids: list[str],
+    agent_spec: AgentSpec,
+    *,
+    progress: bool,
+    **pool_options: Any,
+) -> int:
     """Play the episodes the run has not recorded yet; returns how many were played."""
     jobs = _missing_jobs(writer.records, config.episodes, task_ids, config.seed)
     if not jobs:
         return 0
     recorded = config.episodes - len(jobs)
     if recorded:
-        say(f"envrl: resuming run {writer.run_id}: {recorded} of {config.episodes} episodes already "
-            f"recorded, playing the other {len(jobs)}")
+        say(
+            f"envrl: resuming run {writer.run_id}: {recorded} of {config.episodes} episodes already "
+            f"recorded, playing the other {len(jobs)}"
+        )
     recorder = _Recorder(writer, config.episodes, recorded, progress)
     try:
         _make_pool(config, agent_spec, writer.run_id, len(jobs), recorder, **pool_options).run(jobs)
@@ -426,8 +529,16 @@ def _play(writer: RunWriter, config: RunConfig, task_ids: list[str], agent_spec:
 def _summarise(writer: RunWriter, config: RunConfig, played: int, wall_time: float) -> RunSummary:
     records = [writer.records[i] for i in sorted(writer.records) if i < config.episodes]
     return RunSummary(
-        run_id=writer.run_id, run_dir=writer.run_dir, env_id=config.env_id, split=config.split, agent=config.agent,
-        episodes_planned=config.episodes, episodes_done=len(records), episodes_played=played,
-        errors=sum(1 for r in records if r.error is not None), wall_time=wall_time,
-        metrics=compute_metrics(records), records=records,
+        run_id=writer.run_id,
+        run_dir=writer.run_dir,
+        env_id=config.env_id,
+        split=config.split,
+        agent=config.agent,
+        episodes_planned=config.episodes,
+        episodes_done=len(records),
+        episodes_played=played,
+        errors=sum(1 for r in records if r.error is not None),
+        wall_time=wall_time,
+        metrics=compute_metrics(records),
+        records=records,
     )

@@ -38,9 +38,10 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any
 
 from envrl.evaluation.config import RunConfig
 
@@ -102,7 +103,7 @@ class StepRecord:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "StepRecord":
+    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
         agent_info = data.get("agent_info")
         return cls(
             action=str(data["action"]),
@@ -152,7 +153,7 @@ class EpisodeRecord:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "EpisodeRecord":
+    def from_dict(cls, data: Mapping[str, Any]) -> EpisodeRecord:
         """Inverse of :meth:`to_dict`; unknown keys are ignored (newer writers)."""
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
@@ -229,7 +230,10 @@ def read_jsonl(path: str | os.PathLike[str], repair: bool = False) -> list[Episo
         if newline == -1:
             logger.warning(
                 "%s: dropping a truncated last line (%d bytes, no newline): the writer was "
-                "interrupted mid-write; that episode will be run again", path, len(data) - pos)
+                "interrupted mid-write; that episode will be run again",
+                path,
+                len(data) - pos,
+            )
             break
         line = data[pos:newline]
         pos = newline + 1
@@ -240,16 +244,16 @@ def read_jsonl(path: str | os.PathLike[str], repair: bool = False) -> list[Episo
             record = parse_record(line)
         except MalformedRecord as exc:
             if pos >= len(data):
-                logger.warning("%s: dropping an unreadable last line %d (%s); that episode will be "
-                               "run again", path, line_no, exc)
+                logger.warning(
+                    "%s: dropping an unreadable last line %d (%s); that episode will be run again", path, line_no, exc
+                )
                 break
             logger.warning("%s: skipping unreadable line %d (%s)", path, line_no, exc)
             keep_end = pos
             continue
         keep_end = pos
         if record.episode_index in seen:
-            logger.warning("%s: line %d repeats episode %d; keeping the first", path, line_no,
-                           record.episode_index)
+            logger.warning("%s: line %d repeats episode %d; keeping the first", path, line_no, record.episode_index)
             continue
         seen.add(record.episode_index)
         records.append(record)
@@ -297,14 +301,27 @@ CREATE TABLE IF NOT EXISTS episodes (
 );
 """
 
-_SUMMARY_COLUMNS = ("episode_index", "task_id", "task_type", "split", "success", "score", "turns",
-                    "valid_action_ratio", "error")
+_SUMMARY_COLUMNS = (
+    "episode_index",
+    "task_id",
+    "task_type",
+    "split",
+    "success",
+    "score",
+    "turns",
+    "valid_action_ratio",
+    "error",
+)
 
 
 #: SQLite errors that mean "the -wal/-shm files of a WAL database cannot be created or used
 #: here" (a read-only directory or file system); ``sqlite_errorname`` exists from Python 3.11
-_CANNOT_OPEN_WAL = ("SQLITE_READONLY_DIRECTORY", "SQLITE_READONLY_CANTINIT", "SQLITE_READONLY_RECOVERY",
-                    "SQLITE_CANTOPEN")
+_CANNOT_OPEN_WAL = (
+    "SQLITE_READONLY_DIRECTORY",
+    "SQLITE_READONLY_CANTINIT",
+    "SQLITE_READONLY_RECOVERY",
+    "SQLITE_CANTOPEN",
+)
 
 
 def _sqlite_reason(exc: sqlite3.Error) -> str:
@@ -319,8 +336,10 @@ def _sqlite_reason(exc: sqlite3.Error) -> str:
     if "locked" in text or "busy" in text:
         return f"{text} (another process holds the database)"
     if "not a database" in text or "malformed" in text or type(exc) is sqlite3.DatabaseError:
-        return (f"the database is corrupt ({text}); move it aside: re-running a run's command rebuilds "
-                f"the run from its {JSONL_NAME}")
+        return (
+            f"the database is corrupt ({text}); move it aside: re-running a run's command rebuilds "
+            f"the run from its {JSONL_NAME}"
+        )
     return text
 
 
@@ -360,8 +379,9 @@ def open_read_only(db_path: Path) -> sqlite3.Connection:
         return _try_read(f"{uri}?mode=ro")
     except sqlite3.OperationalError as exc:
         text = str(exc)
-        if not (getattr(exc, "sqlite_errorname", "") in _CANNOT_OPEN_WAL or "readonly" in text
-                or "unable to open" in text):
+        if not (
+            getattr(exc, "sqlite_errorname", "") in _CANNOT_OPEN_WAL or "readonly" in text or "unable to open" in text
+        ):
             raise
         logger.debug("%s: reading it as immutable (%s)", db_path, text)
         return _try_read(f"{uri}?mode=ro&immutable=1")
@@ -476,10 +496,15 @@ class ResultStore:
                 return []
             runs = conn.execute(
                 "SELECT run_id, env, env_id, split, agent, seed, episodes_planned, config, created_at, "
-                "updated_at FROM runs ORDER BY created_at, run_id").fetchall()
-            episode_rows = conn.execute(
-                f"SELECT run_id, {', '.join(_SUMMARY_COLUMNS)} FROM episodes ORDER BY run_id, episode_index"
-            ).fetchall() if "episodes" in tables else []
+                "updated_at FROM runs ORDER BY created_at, run_id"
+            ).fetchall()
+            episode_rows = (
+                conn.execute(
+                    f"SELECT run_id, {', '.join(_SUMMARY_COLUMNS)} FROM episodes ORDER BY run_id, episode_index"
+                ).fetchall()
+                if "episodes" in tables
+                else []
+            )
         by_run: dict[str, list[dict[str, Any]]] = {}
         skipped: dict[str, int] = {}
         for row in episode_rows:
@@ -490,12 +515,22 @@ class ResultStore:
             by_run.setdefault(row[0], []).append(item)
         out = []
         for run_id, env, env_id, split, agent, seed, planned, config, created, updated in runs:
-            out.append({
-                "run_id": run_id, "env": env, "env_id": env_id, "split": split, "agent": agent,
-                "seed": seed, "episodes_planned": planned, "config": _config_of(run_id, config),
-                "created_at": created, "updated_at": updated, "episodes": by_run.get(run_id, []),
-                "skipped": skipped.get(run_id, 0),
-            })
+            out.append(
+                {
+                    "run_id": run_id,
+                    "env": env,
+                    "env_id": env_id,
+                    "split": split,
+                    "agent": agent,
+                    "seed": seed,
+                    "episodes_planned": planned,
+                    "config": _config_of(run_id, config),
+                    "created_at": created,
+                    "updated_at": updated,
+                    "episodes": by_run.get(run_id, []),
+                    "skipped": skipped.get(run_id, 0),
+                }
+            )
         return out
 
     def read_episodes(self, run_id: str) -> EpisodeLoad:
@@ -504,8 +539,9 @@ class ResultStore:
         with self._reading() as conn:
             if conn is None or "episodes" not in self._tables(conn):
                 return EpisodeLoad([])
-            rows = conn.execute("SELECT episode_index, record FROM episodes WHERE run_id = ? "
-                                "ORDER BY episode_index", (run_id,)).fetchall()
+            rows = conn.execute(
+                "SELECT episode_index, record FROM episodes WHERE run_id = ? ORDER BY episode_index", (run_id,)
+            ).fetchall()
         load = EpisodeLoad([])
         for index, line in rows:
             try:
@@ -513,8 +549,13 @@ class ResultStore:
             except MalformedRecord as exc:
                 load.skipped[int(index)] = str(exc)
         if load.skipped:
-            logger.warning("run %s: skipped %d unreadable episode record(s) in %s (episode %s: %s)", run_id,
-                           len(load.skipped), self.db_path, *next(iter(load.skipped.items())))
+            logger.warning(
+                "run %s: skipped %d unreadable episode record(s) in %s (episode %s: %s)",
+                run_id,
+                len(load.skipped),
+                self.db_path,
+                *next(iter(load.skipped.items())),
+            )
         return load
 
     def load_episodes(self, run_id: str) -> list[EpisodeRecord]:
@@ -523,7 +564,7 @@ class ResultStore:
 
     # ---- writing --------------------------------------------------------------------
 
-    def open_run(self, run_id: str, config: Mapping[str, Any]) -> "RunWriter":
+    def open_run(self, run_id: str, config: Mapping[str, Any]) -> RunWriter:
         """Create ``run_id`` or reopen it to resume (see :class:`RunWriter`)."""
         return RunWriter(self, run_id, config)
 
@@ -558,9 +599,24 @@ def _insert_episode(conn: sqlite3.Connection, record: EpisodeRecord, line: str) 
         "INSERT OR IGNORE INTO episodes (run_id, episode_index, env_id, split, task_id, task_type, seed, "
         "agent, success, score, turns, valid_action_ratio, wall_time, error, finished_at, record) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (record.run_id, record.episode_index, record.env_id, record.split, record.task_id, record.task_type,
-         record.seed, record.agent, int(record.success), record.score, record.turns,
-         record.valid_action_ratio, record.wall_time, record.error, record.finished_at, line),
+        (
+            record.run_id,
+            record.episode_index,
+            record.env_id,
+            record.split,
+            record.task_id,
+            record.task_type,
+            record.seed,
+            record.agent,
+            int(record.success),
+            record.score,
+            record.turns,
+            record.valid_action_ratio,
+            record.wall_time,
+            record.error,
+            record.finished_at,
+            line,
+        ),
     )
 
 
@@ -599,8 +655,10 @@ class _FileLock:
             fh.seek(0)
             holder = fh.read().strip()
             fh.close()
-            raise RunLocked(f"run directory {self.path.parent} is in use by another process"
-                            + (f" (pid {holder})" if holder else "")) from None
+            raise RunLocked(
+                f"run directory {self.path.parent} is in use by another process"
+                + (f" (pid {holder})" if holder else "")
+            ) from None
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))
@@ -652,8 +710,9 @@ class RunWriter:
         config = _jsonable(config)
         config["run_id"] = self.run_id
         now = time.time()
-        row = self._conn.execute("SELECT config, episodes_planned FROM runs WHERE run_id = ?",
-                                 (self.run_id,)).fetchone()
+        row = self._conn.execute(
+            "SELECT config, episodes_planned FROM runs WHERE run_id = ?", (self.run_id,)
+        ).fetchone()
         if row is None and self.config_path.exists():
             # the database was removed or replaced but the run directory survived: its config stands
             on_disk = self._readable_config(self.config_path.read_text(encoding="utf-8"), str(self.config_path))
@@ -661,14 +720,16 @@ class RunWriter:
             self._conn.execute(
                 "INSERT INTO runs (run_id, env, env_id, split, agent, seed, episodes_planned, config, created_at, "
                 "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                self._run_row(on_disk, int(on_disk["episodes"]), now))
+                self._run_row(on_disk, int(on_disk["episodes"]), now),
+            )
             row = (json.dumps(on_disk), int(on_disk["episodes"]))
         if row is None:
             config.setdefault("created_at", now)
             self._conn.execute(
                 "INSERT INTO runs (run_id, env, env_id, split, agent, seed, episodes_planned, config, created_at, "
                 "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                self._run_row(config, int(config["episodes"]), now))
+                self._run_row(config, int(config["episodes"]), now),
+            )
             self._conn.commit()
             self._write_config(config)
             return config
@@ -680,18 +741,24 @@ class RunWriter:
 
         differences = [k for k in IDENTITY_KEYS if identity(stored, k) != identity(config, k)]
         if differences:
-            detail = "; ".join(f"{k}: stored {identity(stored, k)!r}, now {identity(config, k)!r}"
-                               for k in differences)
+            detail = "; ".join(f"{k}: stored {identity(stored, k)!r}, now {identity(config, k)!r}" for k in differences)
             raise RunConfigMismatch(
                 f"run {self.run_id!r} already exists in {self.store.runs_dir} with a different setup ({detail}); "
-                f"choose another run id (--run-id) to start a new run")
+                f"choose another run id (--run-id) to start a new run"
+            )
         if stored.get("versions") != config.get("versions"):
-            logger.warning("run %s: package versions differ from when the run started (%s now %s)",
-                           self.run_id, stored.get("versions"), config.get("versions"))
+            logger.warning(
+                "run %s: package versions differ from when the run started (%s now %s)",
+                self.run_id,
+                stored.get("versions"),
+                config.get("versions"),
+            )
         planned = max(int(row[1]), int(config["episodes"]))
         stored["episodes"] = planned
-        self._conn.execute("UPDATE runs SET episodes_planned = ?, config = ?, updated_at = ? WHERE run_id = ?",
-                           (planned, json.dumps(stored, sort_keys=True), now, self.run_id))
+        self._conn.execute(
+            "UPDATE runs SET episodes_planned = ?, config = ?, updated_at = ? WHERE run_id = ?",
+            (planned, json.dumps(stored, sort_keys=True), now, self.run_id),
+        )
         self._conn.commit()
         self._write_config(stored)
         return stored
@@ -704,15 +771,25 @@ class RunWriter:
             int(config["episodes"])
             return dict(config)
         except (ValueError, KeyError, TypeError) as exc:
-            raise StoreError(f"cannot resume run {self.run_id!r}: its config in {where} cannot be read ({exc}); "
-                             f"choose another run id (--run-id)") from exc
+            raise StoreError(
+                f"cannot resume run {self.run_id!r}: its config in {where} cannot be read ({exc}); "
+                f"choose another run id (--run-id)"
+            ) from exc
 
     @staticmethod
     def _run_row(config: Mapping[str, Any], planned: int, now: float) -> tuple:
-        return (config["run_id"], config.get("env", config["env_id"]), config["env_id"], config["split"],
-                config["agent"], int(config["seed"]), planned, json.dumps(dict(config, episodes=planned),
-                                                                           sort_keys=True),
-                float(config.get("created_at", now)), now)
+        return (
+            config["run_id"],
+            config.get("env", config["env_id"]),
+            config["env_id"],
+            config["split"],
+            config["agent"],
+            int(config["seed"]),
+            planned,
+            json.dumps(dict(config, episodes=planned), sort_keys=True),
+            float(config.get("created_at", now)),
+            now,
+        )
 
     def _write_config(self, config: Mapping[str, Any]) -> None:
         tmp = self.config_path.with_suffix(".json.tmp")
@@ -730,8 +807,13 @@ class RunWriter:
             _insert_episode(self._conn, record, record.to_json())
         self._conn.commit()
         if to_db:
-            logger.warning("run %s: %d episode(s) were in %s but not in the database (the run was stopped "
-                           "between the two writes); added them", self.run_id, len(to_db), JSONL_NAME)
+            logger.warning(
+                "run %s: %d episode(s) were in %s but not in the database (the run was stopped "
+                "between the two writes); added them",
+                self.run_id,
+                len(to_db),
+                JSONL_NAME,
+            )
         for record in journal:
             self.records[record.episode_index] = record
         to_journal = [i for i in sorted(in_db) if i not in self.records]
@@ -743,8 +825,12 @@ class RunWriter:
                     self.records[index] = record
                 fh.flush()
                 os.fsync(fh.fileno())
-            logger.warning("run %s: %d episode(s) were in the database but not in %s; added them",
-                           self.run_id, len(to_journal), JSONL_NAME)
+            logger.warning(
+                "run %s: %d episode(s) were in the database but not in %s; added them",
+                self.run_id,
+                len(to_journal),
+                JSONL_NAME,
+            )
         return {"to_db": len(to_db), "to_jsonl": len(to_journal)}
 
     def _readable_db_records(self, journal: Mapping[int, EpisodeRecord]) -> dict[int, EpisodeRecord]:
@@ -752,8 +838,9 @@ class RunWriter:
         journal's copy when there is one, else deleted so that its episode is played again
         (kept, it would block the new result: the database ignores a second row per index)."""
         assert self._conn is not None
-        rows = self._conn.execute("SELECT episode_index, record FROM episodes WHERE run_id = ?",
-                                  (self.run_id,)).fetchall()
+        rows = self._conn.execute(
+            "SELECT episode_index, record FROM episodes WHERE run_id = ?", (self.run_id,)
+        ).fetchall()
         readable: dict[int, EpisodeRecord] = {}
         for index, line in rows:
             try:
@@ -763,8 +850,9 @@ class RunWriter:
                 reason = str(exc)
             self._conn.execute("DELETE FROM episodes WHERE run_id = ? AND episode_index = ?", (self.run_id, index))
             fate = "replaced it with the journal's copy" if index in journal else "that episode will be played again"
-            logger.warning("run %s: the database record of episode %d cannot be read (%s); %s", self.run_id,
-                           index, reason, fate)
+            logger.warning(
+                "run %s: the database record of episode %d cannot be read (%s); %s", self.run_id, index, reason, fate
+            )
         return readable
 
     # ---- writing --------------------------------------------------------------------
@@ -781,12 +869,15 @@ class RunWriter:
         if record.run_id != self.run_id:
             raise ValueError(f"record of run {record.run_id!r} appended to run {self.run_id!r}")
         if record.episode_index in self.records:
-            logger.warning("run %s: episode %d is already recorded; ignoring the second result",
-                           self.run_id, record.episode_index)
+            logger.warning(
+                "run %s: episode %d is already recorded; ignoring the second result", self.run_id, record.episode_index
+            )
             return
         line = record.to_json()
-        with _signals_deferred(), _store_errors(f"cannot record episode {record.episode_index} of run "
-                                                f"{self.run_id!r} in {self.run_dir}"):
+        with (
+            _signals_deferred(),
+            _store_errors(f"cannot record episode {record.episode_index} of run {self.run_id!r} in {self.run_dir}"),
+        ):
             # Ctrl-C lands after both writes, not between them
             self._jsonl.write((line + "\n").encode("utf-8"))
             self._jsonl.flush()
@@ -805,7 +896,7 @@ class RunWriter:
             self._conn = None
         self._lock.release()
 
-    def __enter__(self) -> "RunWriter":
+    def __enter__(self) -> RunWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:

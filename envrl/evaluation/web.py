@@ -236,9 +236,16 @@ def _same_agent_runs(run: Mapping[str, Any], runs: Iterable[Mapping[str, Any]]) 
     for other in runs:
         if other["env"] != run["env"] or other["agent"] != run["agent"]:
             continue
-        rows.append(SplitRun(run_id=other["run_id"], split=other["split"],
-                             kind=split_kind(other["env"], other["split"]), seed=other["seed"],
-                             metrics=summarize(other["episodes"]), current=other["run_id"] == run["run_id"]))
+        rows.append(
+            SplitRun(
+                run_id=other["run_id"],
+                split=other["split"],
+                kind=split_kind(other["env"], other["split"]),
+                seed=other["seed"],
+                metrics=summarize(other["episodes"]),
+                current=other["run_id"] == run["run_id"],
+            )
+        )
     rows.sort(key=lambda r: (r.kind != "ID", r.split, r.seed, r.run_id))
     return rows
 
@@ -249,15 +256,27 @@ def _split_bars(rows: Sequence[SplitRun]) -> list[plots.RateBar]:
     for row in rows:
         label = row.split if splits.count(row.split) == 1 else f"{row.split} ({row.run_id})"
         m = row.metrics
-        bars.append(plots.RateBar(label=label, rate=m.success_rate, ci_low=m.ci_low, ci_high=m.ci_high,
-                                  episodes=m.episodes, kind=row.kind, highlight=row.current))
+        bars.append(
+            plots.RateBar(
+                label=label,
+                rate=m.success_rate,
+                ci_low=m.ci_low,
+                ci_high=m.ci_high,
+                episodes=m.episodes,
+                kind=row.kind,
+                highlight=row.current,
+            )
+        )
     return bars
 
 
 def _task_type_bars(episodes: Sequence[Mapping[str, Any]]) -> list[plots.RateBar]:
-    return [plots.RateBar(label=name or "(unknown)", rate=m.success_rate, ci_low=m.ci_low, ci_high=m.ci_high,
-                          episodes=m.episodes)
-            for name, m in compute_metrics(episodes).by_task_type.items()]
+    return [
+        plots.RateBar(
+            label=name or "(unknown)", rate=m.success_rate, ci_low=m.ci_low, ci_high=m.ci_high, episodes=m.episodes
+        )
+        for name, m in compute_metrics(episodes).by_task_type.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -303,9 +322,15 @@ def agent_info_stats(records: Iterable[EpisodeRecord]) -> AgentInfoStats | None:
                 latencies.append(float(info["latency"]))
     if not steps:
         return None
-    return AgentInfoStats(steps=steps, format_checked=checked, format_invalid=invalid, errors=errors,
-                          prompt_tokens=prompt, completion_tokens=completion,
-                          mean_latency=sum(latencies) / len(latencies) if latencies else None)
+    return AgentInfoStats(
+        steps=steps,
+        format_checked=checked,
+        format_invalid=invalid,
+        errors=errors,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        mean_latency=sum(latencies) / len(latencies) if latencies else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -359,8 +384,13 @@ def _leaderboard_view(data: Mapping[str, Any]) -> dict[str, Any]:
             "cells": [cells.get(column.get("key")) for column in columns],
         }
         (reported if view["source"] == "reported" else measured).append(view)
-    return {"columns": columns, "env_groups": groups, "measured": measured, "reported": reported,
-            "notes": list(data.get("notes") or [])}
+    return {
+        "columns": columns,
+        "env_groups": groups,
+        "measured": measured,
+        "reported": reported,
+        "notes": list(data.get("notes") or []),
+    }
 
 
 def skipped_notes(run: Mapping[str, Any], load: EpisodeLoad) -> list[str]:
@@ -438,9 +468,13 @@ def create_app(runs_dir: str | os.PathLike[str] | None = None) -> Flask:
             png = reader.plot(key, lambda: plots.task_type_png(_task_type_bars(episodes)))
         elif name == "turns":
             key = (name, _fingerprint(run))
-            png = reader.plot(key, lambda: plots.turns_histogram_png(
-                [int(e["turns"]) for e in episodes if e["success"]],
-                [int(e["turns"]) for e in episodes if not e["success"]]))
+            png = reader.plot(
+                key,
+                lambda: plots.turns_histogram_png(
+                    [int(e["turns"]) for e in episodes if e["success"]],
+                    [int(e["turns"]) for e in episodes if not e["success"]],
+                ),
+            )
         else:
             rows = _same_agent_runs(run, runs)
             siblings = {row.run_id for row in rows}
@@ -455,8 +489,11 @@ def create_app(runs_dir: str | os.PathLike[str] | None = None) -> Flask:
         run = reader.run(run_id)
         load = reader.load(run)
         if index in load.skipped:
-            abort(404, description=f"The record of episode {index} of run {run_id!r} cannot be read "
-                                  f"({load.skipped[index]}); the run's other episodes are shown.")
+            abort(
+                404,
+                description=f"The record of episode {index} of run {run_id!r} cannot be read "
+                f"({load.skipped[index]}); the run's other episodes are shown.",
+            )
         records = reader.episodes(run)
         record = records.get(index)
         if record is None:
@@ -531,8 +568,7 @@ def serve(runs_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1
         return 1
     shown_host = f"[{host}]" if ":" in host else host
     runs_path = app.extensions["envrl_reader"].store.runs_dir
-    print(f"envrl: results in {runs_path} at http://{shown_host}:{server.server_port}/ (Ctrl-C to stop)",
-          flush=True)
+    print(f"envrl: results in {runs_path} at http://{shown_host}:{server.server_port}/ (Ctrl-C to stop)", flush=True)
     previous = None
     try:
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -549,6 +585,19 @@ def serve(runs_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1
     return 0
 
 
-__all__ = ["AGENT_INFO_ORDER", "PLOTS", "AgentInfoStats", "InfoItem", "SplitRun", "agent_info_items",
-           "agent_info_stats", "create_app", "format_ci", "format_decimal", "format_percent", "format_time",
-           "http_url", "serve"]
+__all__ = [
+    "AGENT_INFO_ORDER",
+    "PLOTS",
+    "AgentInfoStats",
+    "InfoItem",
+    "SplitRun",
+    "agent_info_items",
+    "agent_info_stats",
+    "create_app",
+    "format_ci",
+    "format_decimal",
+    "format_percent",
+    "format_time",
+    "http_url",
+    "serve",
+]

@@ -81,13 +81,26 @@ SEED = "envrl-alfworld-builtin"
 
 # One cycle of 20 candidates: 4 simple, 2 look, 4 clean, 3 heat, 3 cool, 4 two.
 TASK_CYCLE = (
-    "pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_two_obj_and_place",
-    "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "look_at_obj_in_light",
-    "pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_two_obj_and_place",
-    "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "look_at_obj_in_light",
-    "pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_two_obj_and_place",
-    "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep",
-    "pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_two_obj_and_place",
+    "pick_and_place_simple",
+    "pick_clean_then_place_in_recep",
+    "pick_two_obj_and_place",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "look_at_obj_in_light",
+    "pick_and_place_simple",
+    "pick_clean_then_place_in_recep",
+    "pick_two_obj_and_place",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "look_at_obj_in_light",
+    "pick_and_place_simple",
+    "pick_clean_then_place_in_recep",
+    "pick_two_obj_and_place",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_and_place_simple",
+    "pick_clean_then_place_in_recep",
+    "pick_two_obj_and_place",
 )
 BUILTIN_SPLITS = ("train", "valid_seen", "valid_unseen", "ood_objects")
 SPLIT_SIZES = {"train": 1000, "valid_seen": 140, "valid_unseen": 134, "ood_objects": 140}
@@ -286,9 +299,10 @@ def _generate_split(split: str, version_dir: Path, workers: int) -> None:
     accepted: list[tuple[Candidate, list[str]]] = []
     rejected = 0
     try:
-        with _worker_pool(workers) as pool, contextlib.closing(
-            _verified_candidates(pool, split, tmp / ".candidates", 4 * workers)
-        ) as stream:
+        with (
+            _worker_pool(workers) as pool,
+            contextlib.closing(_verified_candidates(pool, split, tmp / ".candidates", 4 * workers)) as stream,
+        ):
             for candidate, walkthrough in stream:
                 if walkthrough is None:
                     rejected += 1
@@ -305,7 +319,10 @@ def _generate_split(split: str, version_dir: Path, workers: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info(
         "generated ALFWorld split %s: %d games (%d candidates rejected) in %.1f s",
-        split, len(accepted), rejected, time.perf_counter() - started,
+        split,
+        len(accepted),
+        rejected,
+        time.perf_counter() - started,
     )
 
 
@@ -356,17 +373,19 @@ def _write_games(tmp: Path, split: str, accepted: list[tuple[Candidate, list[str
         path = tmp / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dict(candidate.game, walkthrough=walkthrough)))
-        entries.append({
-            "task_id": f"builtin:{split}/{candidate.name}/g{position:04d}",
-            "task_type": candidate.goal.task_type,
-            "path": relative.as_posix(),
-            "floor_plan": candidate.floor_plan,
-            "object_type": candidate.goal.object_type,
-            "receptacle_type": candidate.goal.receptacle_type,
-            "toggle_type": candidate.goal.toggle_type,
-            "instruction": candidate.instruction,
-            "walkthrough_length": len(walkthrough),
-        })
+        entries.append(
+            {
+                "task_id": f"builtin:{split}/{candidate.name}/g{position:04d}",
+                "task_type": candidate.goal.task_type,
+                "path": relative.as_posix(),
+                "floor_plan": candidate.floor_plan,
+                "object_type": candidate.goal.object_type,
+                "receptacle_type": candidate.goal.receptacle_type,
+                "toggle_type": candidate.goal.toggle_type,
+                "instruction": candidate.instruction,
+                "walkthrough_length": len(walkthrough),
+            }
+        )
     manifest = {"version": version_name(), "split": split, "games": entries}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
@@ -389,10 +408,7 @@ def _read_manifest(split_dir: Path) -> list[BuiltinGame] | None:
         return None
     if manifest.get("version") != version_name():
         return None
-    return [
-        BuiltinGame(entry["task_id"], entry["task_type"], split_dir / entry["path"])
-        for entry in manifest["games"]
-    ]
+    return [BuiltinGame(entry["task_id"], entry["task_type"], split_dir / entry["path"]) for entry in manifest["games"]]
 
 
 def read_manifest_entries(split: str, cache_dir: Path | None = None) -> list[dict[str, Any]]:
@@ -447,7 +463,7 @@ def _check_not_bootstrapping() -> None:
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         raise RuntimeError(
             "builtin_games() was called while a worker process was importing the main script; "
-            "call it under `if __name__ == \"__main__\":`"
+            'call it under `if __name__ == "__main__":`'
         )
 
 

@@ -77,8 +77,21 @@ SYNTHETIC_DEFAULT = (1, 0.50, 30)
 # Scenery that the official problems list with `objectAtLocation` only (never in a receptacle):
 # it shows up in "look" ("Next to it, you see a window 1") and nowhere else.
 SCENERY_TYPES = (
-    "Blinds", "Chair", "Curtains", "HousePlant", "LightSwitch", "Mirror", "Painting", "Poster",
-    "ShowerDoor", "ShowerGlass", "Sink", "Bathtub", "StoveKnob", "Television", "Window",
+    "Blinds",
+    "Chair",
+    "Curtains",
+    "HousePlant",
+    "LightSwitch",
+    "Mirror",
+    "Painting",
+    "Poster",
+    "ShowerDoor",
+    "ShowerGlass",
+    "Sink",
+    "Bathtub",
+    "StoveKnob",
+    "Television",
+    "Window",
 )
 MAX_INSTANCES = 3  # alfworld.gen.constants.MAX_NUM_OF_OBJ_INSTANCES
 STEP = 0.25  # grid size of a location (alfworld.gen.constants.AGENT_STEP_SIZE)
@@ -260,10 +273,7 @@ def object_types_in(plan: FloorPlan) -> tuple[str, ...]:
     """Pickupable object types of the room that at least one of its receptacles can hold."""
     receptacles = receptacle_types_in(plan)
     contents = receptacle_contents()
-    return tuple(
-        t for t in plan.object_types
-        if t in pickupable_types() and any(t in contents[r] for r in receptacles)
-    )
+    return tuple(t for t in plan.object_types if t in pickupable_types() and any(t in contents[r] for r in receptacles))
 
 
 def lamp_types_in(plan: FloorPlan) -> tuple[str, ...]:
@@ -485,7 +495,8 @@ def problem_pddl(scene: Scene, goal: Goal, problem_name: str) -> str:
 
     # Officially, target objects that start in a fridge are already cool.
     already_cool = [
-        f"(isCool {m(o.id)})" for o in objects
+        f"(isCool {m(o.id)})"
+        for o in objects
         if o.type == goal.object_type and o.receptacle and receptacle_type_of(o.receptacle) == "Fridge"
     ]
     init_sections = [
@@ -504,10 +515,7 @@ def problem_pddl(scene: Scene, goal: Goal, problem_name: str) -> str:
         + [f"(receptacleAtLocation {m(r.id)} {m(r.location)})" for r in scene.receptacles]
         + [f"(objectAtLocation {m(o.id)} {m(o.location)})" for o in objects],
     ]
-    declarations = (
-        [f"{t}Type - otype" for t in otypes]
-        + [f"{t}Type - rtype" for t in rtypes]
-    )
+    declarations = [f"{t}Type - otype" for t in otypes] + [f"{t}Type - rtype" for t in rtypes]
     entities = (
         [f"{m(o.id)} - object" for o in objects]
         + [f"{m(r.id)} - receptacle" for r in scene.receptacles]

@@ -24,4 +24,4 @@ def instruction_of(observation: str) -> str:
     """The ``Your task is to: ...`` sentence of an ALFWorld intro (without the prefix)."""
     marker = "Your task is to: "
     index = observation.rfind(marker)
-    return observation[index + len(marker):].strip() if index >= 0 else ""
+    return observation[index + len(marker) :].strip() if index >= 0 else ""

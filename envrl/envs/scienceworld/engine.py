@@ -227,8 +227,13 @@ class Engine:
         java: str | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ):
-        self.java_options = [*_heap_option(java_heap), *DEFAULT_JAVA_OPTIONS, *REQUIRED_JAVA_OPTIONS,
-                             *(DETERMINISTIC_JAVA_OPTIONS if deterministic else ()), *(java_options or ())]
+        self.java_options = [
+            *_heap_option(java_heap),
+            *DEFAULT_JAVA_OPTIONS,
+            *REQUIRED_JAVA_OPTIONS,
+            *(DETERMINISTIC_JAVA_OPTIONS if deterministic else ()),
+            *(java_options or ()),
+        ]
         self.deterministic = deterministic
         self.java = java or self._find_java()
         self.call_timeout = float(call_timeout)
@@ -248,12 +253,17 @@ class Engine:
         _LIVE.add(self)
 
     @staticmethod
-    def check_options(java_heap: str | int | None = DEFAULT_JAVA_HEAP, java_options: Any = None,
-                      deterministic: bool = True, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
+    def check_options(
+        java_heap: str | int | None = DEFAULT_JAVA_HEAP,
+        java_options: Any = None,
+        deterministic: bool = True,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    ) -> None:
         """Raise ValueError for options that cannot work, without starting anything."""
         _heap_option(java_heap)
-        if java_options is not None and (isinstance(java_options, str)
-                                         or not all(isinstance(o, str) for o in java_options)):
+        if java_options is not None and (
+            isinstance(java_options, str) or not all(isinstance(o, str) for o in java_options)
+        ):
             raise ValueError(f"java_options must be a list of strings, got {java_options!r}")
         if not call_timeout or call_timeout <= 0:
             raise ValueError(f"call_timeout must be positive, got {call_timeout!r}")
@@ -272,15 +282,23 @@ class Engine:
         from py4j.java_gateway import GatewayParameters, JavaGateway
 
         py4j_jar, jar, folder = _package_files()
-        command = [self.java, *self.java_options, "-cp", os.pathsep.join([py4j_jar, jar]),
-                   "py4j.GatewayServer", "--die-on-broken-pipe", "0"]
+        command = [
+            self.java,
+            *self.java_options,
+            "-cp",
+            os.pathsep.join([py4j_jar, jar]),
+            "py4j.GatewayServer",
+            "--die-on-broken-pipe",
+            "0",
+        ]
         self._command = command
         started = time.perf_counter()
         stderr = self._stderr = tempfile.TemporaryFile(prefix="envrl-scienceworld-", suffix=".err")
         try:
             # cwd: the simulator reads its data files relative to the package folder, as stock.
-            self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=stderr, cwd=folder)
+            self._proc = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=folder
+            )
         except OSError as error:
             stderr.close()
             raise EngineStartError(f"could not run {self.java!r}: {error}") from error
@@ -291,10 +309,14 @@ class Engine:
             _OUR_PORTS.add(port)
             # Read the JVM's stdout to the end: nothing comes after the port once System.out is
             # nulled below, but a full pipe must never be able to block the JVM.
-            threading.Thread(target=self._drain, args=(self._proc.stdout,), daemon=True,
-                             name=f"scienceworld-jvm-{self.pid}-stdout").start()
-            self._gateway = JavaGateway(gateway_parameters=GatewayParameters(
-                port=port, auto_field=False, auto_close=True, read_timeout=self.call_timeout))
+            threading.Thread(
+                target=self._drain, args=(self._proc.stdout,), daemon=True, name=f"scienceworld-jvm-{self.pid}-stdout"
+            ).start()
+            self._gateway = JavaGateway(
+                gateway_parameters=GatewayParameters(
+                    port=port, auto_field=False, auto_close=True, read_timeout=self.call_timeout
+                )
+            )
             jvm = self._gateway.jvm
             null_stream = jvm.java.io.PrintStream(jvm.java.io.OutputStream.nullOutputStream())
             jvm.java.lang.System.setOut(null_stream)  # before any Scala code captures it
@@ -311,8 +333,10 @@ class Engine:
             self._gateway_close_quietly()
             self._kill()
             stderr.close()
-            raise EngineStartError(f"the ScienceWorld JVM (pid {self.pid}) did not come up: {error}"
-                                   + (f". JVM stderr: {tail}" if tail else "")) from None
+            raise EngineStartError(
+                f"the ScienceWorld JVM (pid {self.pid}) did not come up: {error}"
+                + (f". JVM stderr: {tail}" if tail else "")
+            ) from None
         except BaseException:
             self._kill()
             stderr.close()
@@ -352,8 +376,9 @@ class Engine:
             rest = b""
         said = " ".join((first_line + rest).decode("utf-8", "replace").split())
         tail = self.stderr_tail()
-        return (f"the ScienceWorld JVM did not start (command: {' '.join(self._command)}): {said}"
-                + (f"; stderr: {tail}" if tail else ""))
+        return f"the ScienceWorld JVM did not start (command: {' '.join(self._command)}): {said}" + (
+            f"; stderr: {tail}" if tail else ""
+        )
 
     @staticmethod
     def _drain(stream) -> None:
@@ -493,8 +518,9 @@ class Engine:
         from py4j.protocol import Py4JError, Py4JJavaError
 
         if self._dead_reason is not None or self._server is None:
-            raise EngineDiedError(f"the ScienceWorld engine is not running ({self._dead_reason or 'closed'}); "
-                                  f"reset() starts a new one")
+            raise EngineDiedError(
+                f"the ScienceWorld engine is not running ({self._dead_reason or 'closed'}); reset() starts a new one"
+            )
         try:
             return function()
         except Py4JJavaError as error:
@@ -514,16 +540,20 @@ class Engine:
             except subprocess.TimeoutExpired:
                 returncode = None
         if returncode is None:
-            cause = f"stopped answering ({type(error).__name__ if error else 'no answer'}; " \
-                    f"call timeout {self.call_timeout:.0f} s) and was killed"
+            cause = (
+                f"stopped answering ({type(error).__name__ if error else 'no answer'}; "
+                f"call timeout {self.call_timeout:.0f} s) and was killed"
+            )
             self._kill()
         else:
             cause = _describe_exit(returncode)
         tail = self.stderr_tail(600)
         self._dead_reason = f"the JVM {cause}"
         self._gateway_close_quietly()
-        message = (f"ScienceWorld's Java process (pid {self.pid}) {cause} during {what}; "
-                   f"this episode is lost, reset() starts a new JVM")
+        message = (
+            f"ScienceWorld's Java process (pid {self.pid}) {cause} during {what}; "
+            f"this episode is lost, reset() starts a new JVM"
+        )
         if tail:
             message += f". JVM stderr: {tail}"
         return EngineDiedError(message)
@@ -572,11 +602,13 @@ class Engine:
         return self._call("getTaskNames()", lambda: self._java_list(self._server.getTaskNames()))
 
     def max_variations(self, task_name: str) -> int:
-        return int(self._call(f"getTaskMaxVariations({task_name!r})",
-                              lambda: self._server.getTaskMaxVariations(task_name)))
+        return int(
+            self._call(f"getTaskMaxVariations({task_name!r})", lambda: self._server.getTaskMaxVariations(task_name))
+        )
 
     def split_variations(self, task_name: str) -> dict[str, list[int]]:
         """ScienceWorld's own train/dev/test variations of a task (loads the task)."""
+
         def run() -> dict[str, list[int]]:
             self._server.load(task_name, 0, "", False)
             return {
@@ -584,10 +616,12 @@ class Engine:
                 "dev": self._int_list(self._server.getVariationsDev()),
                 "test": self._int_list(self._server.getVariationsTest()),
             }
+
         return self._call(f"variations of {task_name!r}", run)
 
     def load(self, task_name: str, variation: int, simplifications: str, gold_path: bool = False) -> list[str] | None:
         """Load (and reset) a task variation; with ``gold_path``, return the gold actions."""
+
         def run() -> list[str] | None:
             error = self._server.load(task_name, int(variation), simplifications, bool(gold_path))
             if error:
@@ -595,6 +629,7 @@ class Engine:
             if gold_path:
                 return self._java_list(self._server.getGoldActionSequence())
             return None
+
         result = self._call(f"load({task_name!r}, {variation})", run)
         self._call("setTcpNoDelay", self._set_nodelay)  # in case py4j opened another connection
         return result
@@ -605,9 +640,11 @@ class Engine:
             action.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates cannot cross py4j's UTF-8 protocol
             action = action.encode("utf-8", "replace").decode("utf-8")
+
         def run() -> tuple[str, int, bool]:
             observation = self._server.step(action)
             return observation, int(round(100 * self._server.getScore())), bool(self._server.getCompleted())
+
         return self._call(f"step({action[:80]!r})", run)
 
     def valid_actions(self, keep_random_state: bool = True) -> list[str]:
@@ -619,12 +656,14 @@ class Engine:
         depend on whether (or how often) anyone asked; without it the draws stay, as in the
         stock env, which computes the list after every step.
         """
+
         def run() -> list[str]:
             seed = self._get_random_state() if keep_random_state else None
             actions = self._java_list(self._server.getValidActionObjectCombinations())
             if seed is not None:
                 self._set_random_state(seed)
             return actions
+
         return self._call("getValidActionObjectCombinations()", run)
 
     def random_state(self) -> int:
@@ -644,8 +683,9 @@ class Engine:
         return int(self._call("getNumMoves()", lambda: self._server.getNumMoves()))
 
     def possible_simplifications(self) -> list[str]:
-        return self._call("getPossibleSimplifications()",
-                          lambda: str(self._server.getPossibleSimplifications()).split(", "))
+        return self._call(
+            "getPossibleSimplifications()", lambda: str(self._server.getPossibleSimplifications()).split(", ")
+        )
 
     def rss_bytes(self) -> int:
         """Resident memory of the JVM (Linux), 0 if unknown."""

@@ -96,10 +96,12 @@ def _fill_first(method: Callable[..., Any]) -> Callable[..., Any]:
     list's C methods read the storage directly; until the first read it is empty, so every
     reading method must fill it first.
     """
+
     @wraps(method)
     def read(self: LazyAdmissibleActions, *args: Any, **kwargs: Any) -> Any:
         self._materialise()
         return method(self, *args, **kwargs)
+
     return read
 
 
@@ -109,20 +111,24 @@ def _fill_then_change(method: Callable[..., Any]) -> Callable[..., Any]:
     A changed list no longer holds what the engine would compute for ``state``, so it must
     not compare equal to an unread list of that state without looking at the contents.
     """
+
     @wraps(method)
     def change(self: LazyAdmissibleActions, *args: Any, **kwargs: Any) -> Any:
         self._materialise()
         self.state = None
         return method(self, *args, **kwargs)
+
     return change
 
 
 def _fill_both(method: Callable[..., Any]) -> Callable[..., Any]:
     """A comparison or concatenation of two lists: list's C code reads both storages."""
+
     @wraps(method)
     def combine(self: LazyAdmissibleActions, other: Any) -> Any:
         self._materialise_with(other)
         return method(self, other)
+
     return combine
 
 
@@ -223,8 +229,7 @@ class LazyAdmissibleActions(list):
 
     def _same_state(self, other: object) -> bool:
         """Two unchanged lists of one deterministic engine state hold the same actions."""
-        return (isinstance(other, LazyAdmissibleActions) and self.state is not None
-                and self.state == other.state)
+        return isinstance(other, LazyAdmissibleActions) and self.state is not None and self.state == other.state
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[type[list], tuple[list[str]]]:
         """Pickle and copy as a plain list (vector envs, result stores, ``copy.deepcopy``)."""
@@ -284,17 +289,26 @@ class ScienceWorldEnv(TextEnv):
         if "noElectricalAction" in self.simplifications.split(","):
             electrical = [t.name for t in self.tasks if t.electrical]
             if electrical:
-                raise ValueError(f"simplification noElectricalAction removes the actions that the electrical "
-                                 f"tasks need ({', '.join(electrical)}); drop it or choose other tasks")
+                raise ValueError(
+                    f"simplification noElectricalAction removes the actions that the electrical "
+                    f"tasks need ({', '.join(electrical)}); drop it or choose other tasks"
+                )
         self.expert_plan = bool(expert_plan)
         self.admissible = admissible
         self.deterministic = bool(deterministic)
-        self._engine_options = EngineOptions(java_heap=java_heap, java_options=list(java_options or ()),
-                                             deterministic=self.deterministic, call_timeout=call_timeout)
+        self._engine_options = EngineOptions(
+            java_heap=java_heap,
+            java_options=list(java_options or ()),
+            deterministic=self.deterministic,
+            call_timeout=call_timeout,
+        )
         Engine.check_options(**self._engine_options)
         if self.expert_plan:
-            check_java_heap(java_heap, MIN_JAVA_HEAP_FOR_GOLD_PATHS,
-                            " with expert_plan=True (computing gold paths takes more memory than playing)")
+            check_java_heap(
+                java_heap,
+                MIN_JAVA_HEAP_FOR_GOLD_PATHS,
+                " with expert_plan=True (computing gold paths takes more memory than playing)",
+            )
         self._engine: Engine | None = None
         self._ids: tuple[str, ...] | None = None
         self._index: dict[str, tuple[Task, int]] | None = None
@@ -329,8 +343,9 @@ class ScienceWorldEnv(TextEnv):
         if self._index is None:
             # Round-robin over tasks (each task's first variation, then each one's second, ...), so
             # the first N ids, which an evaluation run of N episodes plays, cover every task.
-            per_task = [[(task, variation) for variation in split_variations(task.name, self.split)]
-                        for task in self.tasks]
+            per_task = [
+                [(task, variation) for variation in split_variations(task.name, self.split)] for task in self.tasks
+            ]
             index: dict[str, tuple[Task, int]] = {}
             for row in itertools.zip_longest(*per_task):
                 for entry in row:
@@ -360,8 +375,11 @@ class ScienceWorldEnv(TextEnv):
         canonical = format_task_id(task, variation)
         if canonical not in self._build_index():
             where = [s for s in SPLITS if variation in split_variations(task.name, s)]
-            reason = (f"task {task.id} ({task.name}) is not among this env's tasks"
-                      if task not in self.tasks else f"variation {variation} of {task.id} is in split {where}")
+            reason = (
+                f"task {task.id} ({task.name}) is not among this env's tasks"
+                if task not in self.tasks
+                else f"variation {variation} of {task.id} is in split {where}"
+            )
             raise ValueError(f"unknown task id {requested!r} for split {self.split!r}: {reason}")
         return canonical
 
@@ -429,11 +447,16 @@ class ScienceWorldEnv(TextEnv):
         self._state += 1
         self._history = self._chain(self._history, action)
         if raw is None:  # the Java exception above: nothing scored
-            return StepResult(observation=observation, reward=0.0, terminated=False, valid_action=False,
-                              success=False, score=self._points / 100.0,
-                              admissible_actions=self._admissible_now(engine, self._steps, self._task_id),
-                              extra={"raw_score": self._points, **({"expert_plan": list(self._plan)}
-                                                                  if self.expert_plan else {})})
+            return StepResult(
+                observation=observation,
+                reward=0.0,
+                terminated=False,
+                valid_action=False,
+                success=False,
+                score=self._points / 100.0,
+                admissible_actions=self._admissible_now(engine, self._steps, self._task_id),
+                extra={"raw_score": self._points, **({"expert_plan": list(self._plan)} if self.expert_plan else {})},
+            )
         failed = raw < 0
         points = max(raw, 0)
         reward, self._points = (points - self._points) / 100.0, points
@@ -465,7 +488,8 @@ class ScienceWorldEnv(TextEnv):
             return engine.valid_actions(keep_random_state=False)
         state = (self._history,) if self.deterministic else None
         return LazyAdmissibleActions(
-            partial(self._read_admissible, engine, self._state, self._history, f"step {step} of task {task_id}"), state)
+            partial(self._read_admissible, engine, self._state, self._history, f"step {step} of task {task_id}"), state
+        )
 
     def _read_admissible(self, engine: Engine, state: int, history: bytes, made_at: str) -> list[str]:
         """The list of the engine state a lazy list was made in, while the engine is in it.

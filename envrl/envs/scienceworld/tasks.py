@@ -61,8 +61,9 @@ SIMPLIFICATIONS = ("teleportAction", "selfWateringFlowerPots", "openContainers",
 
 #: Tasks whose world holds a bee hive (TaskGrowPlant, TaskMendelianGenetics1/2 in the jar).
 #: Bees are the simulator's only random movers.
-BEE_HIVE_TASKS = frozenset({"grow-plant", "grow-fruit", "mendelian-genetics-known-plant",
-                            "mendelian-genetics-unknown-plant"})
+BEE_HIVE_TASKS = frozenset(
+    {"grow-plant", "grow-fruit", "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant"}
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,10 @@ def all_tasks() -> tuple[Task, ...]:
     tasks.sort(key=lambda task: _id_key(task.id))
     missing = {task.name for task in tasks} ^ set(MAX_VARIATIONS)
     if missing:  # pragma: no cover - another scienceworld version
-        raise RuntimeError(f"scienceworld's task list differs from envrl's table ({sorted(missing)}); "
-                           f"envrl supports scienceworld==1.2.3")
+        raise RuntimeError(
+            f"scienceworld's task list differs from envrl's table ({sorted(missing)}); "
+            f"envrl supports scienceworld==1.2.3"
+        )
     return tuple(tasks)
 
 
@@ -152,8 +155,9 @@ def parse_task_id(task_id: str) -> tuple[Task, int]:
     task = find_task(match["task"])
     variation = int(match["variation"])
     if variation >= MAX_VARIATIONS[task.name]:
-        raise ValueError(f"task {task.id} ({task.name}) has variations 0-{MAX_VARIATIONS[task.name] - 1}, "
-                         f"got {variation}")
+        raise ValueError(
+            f"task {task.id} ({task.name}) has variations 0-{MAX_VARIATIONS[task.name] - 1}, got {variation}"
+        )
     return task, variation
 
 

@@ -39,17 +39,35 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from envrl.envs.base import StepResult, TaskStart, TextEnv
 from envrl.envs.textworld import generate
 from envrl.envs.textworld.generate import FROTZ_SEED, SPLITS, TaskIdError
 
 MAX_COMMAND_LENGTH = 150  # the interpreter truncates input at 198 bytes
-META_VERBS = frozenset({
-    "again", "die", "g", "noscript", "notify", "oops", "q", "quit", "restart", "restore", "save",
-    "script", "transcript", "undo", "unscript", "verify", "version",
-})
+META_VERBS = frozenset(
+    {
+        "again",
+        "die",
+        "g",
+        "noscript",
+        "notify",
+        "oops",
+        "q",
+        "quit",
+        "restart",
+        "restore",
+        "save",
+        "script",
+        "transcript",
+        "undo",
+        "unscript",
+        "verify",
+        "version",
+    }
+)
 _SAFE_COMMAND = re.compile(r"[a-z0-9'\- ]+")
 _BANNER_LINE = re.compile(r"[ _|$\\/<>]*")
 _STATUS_LINE = re.compile(r">? *(?:-= [^\n]* =- *-?\d+/\d+)?")  # the prompt and the status bar
@@ -95,8 +113,13 @@ class TextWorldEnv(TextEnv):
             ``~/.cache/envrl/textworld``).
     """
 
-    def __init__(self, split: str = "train", expert_plan: bool = False,
-                 cache_dir: str | os.PathLike | None = None, render_mode: str | None = None):
+    def __init__(
+        self,
+        split: str = "train",
+        expert_plan: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+        render_mode: str | None = None,
+    ):
         if split not in SPLITS:
             raise ValueError(f"unknown TextWorld split {split!r}; choose one of {SPLITS}")
         super().__init__(split=split, render_mode=render_mode)
@@ -147,8 +170,15 @@ class TextWorldEnv(TextEnv):
         if self._game is None or self._game.task_id != task_id:
             game = generate.ensure_game(task_id, self.cache_dir)
             self._close_engine()
-            infos = textworld.EnvInfos(admissible_commands=True, score=True, max_score=True, won=True,
-                                       lost=True, objective=True, policy_commands=self.expert_plan)
+            infos = textworld.EnvInfos(
+                admissible_commands=True,
+                score=True,
+                max_score=True,
+                won=True,
+                lost=True,
+                objective=True,
+                policy_commands=self.expert_plan,
+            )
             with warnings.catch_warnings():  # textworld silences it at import; pytest re-enables it
                 warnings.filterwarnings("ignore", message=".*is not fully supported")
                 self._tw = textworld.start(str(game.path), infos)
@@ -170,8 +200,13 @@ class TextWorldEnv(TextEnv):
         command, feedback = self._engine_command(action)
         if command is None:
             return StepResult(
-                observation=feedback, reward=0.0, terminated=False, valid_action=False,
-                success=self._won, score=self._score(), admissible_actions=sorted(self._admissible.values()),
+                observation=feedback,
+                reward=0.0,
+                terminated=False,
+                valid_action=False,
+                success=self._won,
+                score=self._score(),
+                admissible_actions=sorted(self._admissible.values()),
                 extra=self._extra(feedback=feedback),
             )
         key = normalize_command(command)

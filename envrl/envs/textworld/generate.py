@@ -73,11 +73,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from envrl.cache import engine_cache
 
@@ -99,10 +100,8 @@ PROFILES: dict[tuple[str, str], dict[str, Any]] = {
     ("custom", "ood"): {"rooms": [9, 12], "extra_objects": [0, 3], "quest_length": [9, 12]},
     ("goal", "id"): {"rooms": [3, 6], "extra_objects": [0, 3], "quest_length": [3, 6]},
     ("goal", "ood"): {"rooms": [9, 12], "extra_objects": [0, 3], "quest_length": [9, 12]},
-    ("cooking", "id"): {"recipe": [1, 2], "take_all": False, "go": [1, 6], "skill_probability": 0.5,
-                        "foods": "train"},
-    ("cooking", "ood"): {"recipe": [3, 4], "take_all": True, "go": [9, 12], "skill_probability": 1.0,
-                         "foods": "train"},
+    ("cooking", "id"): {"recipe": [1, 2], "take_all": False, "go": [1, 6], "skill_probability": 0.5, "foods": "train"},
+    ("cooking", "ood"): {"recipe": [3, 4], "take_all": True, "go": [9, 12], "skill_probability": 1.0, "foods": "train"},
 }
 
 
@@ -146,10 +145,11 @@ def parse_task_id(task_id: str) -> tuple[str, str, int]:
     """``(family, split, index)`` of a valid task id; :class:`TaskIdError` otherwise."""
     try:
         prefix, split, number = str(task_id).split(":")
-        family = prefix[len("tw-"):] if prefix.startswith("tw-") else ""
+        family = prefix[len("tw-") :] if prefix.startswith("tw-") else ""
         index = int(number)
-        valid = (family in FAMILIES and split in SPLITS and number == str(index)
-                 and 0 <= index < family_size(family, split))
+        valid = (
+            family in FAMILIES and split in SPLITS and number == str(index) and 0 <= index < family_size(family, split)
+        )
     except ValueError:
         valid = False
     if not valid:
@@ -192,8 +192,7 @@ def draw_settings(family: str, split: str, index: int, attempt: int) -> dict[str
     go = rng.choice(spec["go"])
     p = spec["skill_probability"]
     skills = {name: rng.random() < p for name in ("open", "cook", "cut")}
-    return {"recipe": recipe, "take": take, "go": go, **skills, "drop": False, "recipe_seed": 0,
-            "split": spec["foods"]}
+    return {"recipe": recipe, "take": take, "go": go, **skills, "drop": False, "recipe_seed": 0, "split": spec["foods"]}
 
 
 # --------------------------------------------------------------------------- cache
@@ -209,8 +208,10 @@ def version_name() -> str:
 
 
 def settings_digest(family: str, split: str) -> str:
-    text = json.dumps({"profile": profile(family, split), "max_walkthrough": MAX_WALKTHROUGH,
-                       "frotz_seed": FROTZ_SEED}, sort_keys=True)
+    text = json.dumps(
+        {"profile": profile(family, split), "max_walkthrough": MAX_WALKTHROUGH, "frotz_seed": FROTZ_SEED},
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
@@ -443,8 +444,9 @@ def replay_walkthrough(path: Path, walkthrough: list[str]) -> str | None:
 # --------------------------------------------------------------------------- command line
 
 
-def pregenerate(split: str, workers: int = 2, limit: int | None = None,
-                cache_dir: str | os.PathLike | None = None) -> list[GameFiles]:
+def pregenerate(
+    split: str, workers: int = 2, limit: int | None = None, cache_dir: str | os.PathLike | None = None
+) -> list[GameFiles]:
     """Generate the games of ``split`` (the first ``limit`` ids), ``workers`` at a time."""
     ids = task_ids(split)[:limit]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # each game is its own process

@@ -72,17 +72,34 @@ if TYPE_CHECKING:
     from envrl.envs.vector.ray_backend import RayVectorEnv
 
 __all__ = [
-    "BACKENDS", "DEFAULT_CLOSE_TIMEOUT", "DEFAULT_START_TIMEOUT", "MAX_START_ATTEMPTS", "EnvHost", "RayVectorEnv",
-    "Reply", "SubprocessVectorEnv", "TextVectorEnv", "WorkerLost", "make_vec",
+    "BACKENDS",
+    "DEFAULT_CLOSE_TIMEOUT",
+    "DEFAULT_START_TIMEOUT",
+    "MAX_START_ATTEMPTS",
+    "EnvHost",
+    "RayVectorEnv",
+    "Reply",
+    "SubprocessVectorEnv",
+    "TextVectorEnv",
+    "WorkerLost",
+    "make_vec",
 ]
 
 BACKENDS = ("subprocess", "ray")
 
 
-def make_vec(name: str, num_envs: int, backend: str = "subprocess", ray_address: str | None = None, *,
-             timeout: float | None = None, start_timeout: float | None = DEFAULT_START_TIMEOUT,
-             num_cpus: float | None = None, ray_init_kwargs: Mapping[str, Any] | None = None,
-             **env_kwargs: Any) -> TextVectorEnv:
+def make_vec(
+    name: str,
+    num_envs: int,
+    backend: str = "subprocess",
+    ray_address: str | None = None,
+    *,
+    timeout: float | None = None,
+    start_timeout: float | None = DEFAULT_START_TIMEOUT,
+    num_cpus: float | None = None,
+    ray_init_kwargs: Mapping[str, Any] | None = None,
+    **env_kwargs: Any,
+) -> TextVectorEnv:
     """``num_envs`` copies of env ``name`` (``alfworld``, or an id such as ``envrl/WebShop-v0``).
 
     ``backend``: ``"subprocess"`` (one worker process per env) or ``"ray"`` (one Ray actor
@@ -98,8 +115,16 @@ def make_vec(name: str, num_envs: int, backend: str = "subprocess", ray_address:
     if backend == "ray":
         from envrl.envs.vector.ray_backend import RayVectorEnv
 
-        return RayVectorEnv(gym_id, num_envs, env_kwargs, ray_address=ray_address, num_cpus=num_cpus,
-                            ray_init_kwargs=ray_init_kwargs, timeout=timeout, start_timeout=start_timeout)
+        return RayVectorEnv(
+            gym_id,
+            num_envs,
+            env_kwargs,
+            ray_address=ray_address,
+            num_cpus=num_cpus,
+            ray_init_kwargs=ray_init_kwargs,
+            timeout=timeout,
+            start_timeout=start_timeout,
+        )
     if ray_address is not None or num_cpus is not None or ray_init_kwargs is not None:
         raise ValueError("ray_address, num_cpus and ray_init_kwargs only apply to backend='ray'")
     return SubprocessVectorEnv(gym_id, num_envs, env_kwargs, timeout=timeout, start_timeout=start_timeout)

@@ -51,9 +51,14 @@ class EnvHost:
     def describe(self) -> dict[str, Any]:
         """What the caller needs to know about the env: spaces, metadata, spec, the worker's pid."""
         env = self.env
-        return {"observation_space": env.observation_space, "action_space": env.action_space,
-                "metadata": dict(env.metadata), "render_mode": env.render_mode, "spec": env.spec,
-                "pid": os.getpid()}
+        return {
+            "observation_space": env.observation_space,
+            "action_space": env.action_space,
+            "metadata": dict(env.metadata),
+            "render_mode": env.render_mode,
+            "spec": env.spec,
+            "pid": os.getpid(),
+        }
 
     def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         return self.env.reset(seed=seed, options=options)
@@ -81,8 +86,12 @@ def _materialized(info: dict[str, Any]) -> dict[str, Any]:
     """``info`` with lazy sequences turned into lists, read now: after the autoreset it would
     be too late (ScienceWorld computes its admissible actions on first read, for the current
     step only)."""
-    return {key: list(value) if isinstance(value, Sequence) and not isinstance(value, (str, bytes, tuple))
-            and type(value) is not list else value for key, value in info.items()}
+    return {
+        key: list(value)
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes, tuple)) and type(value) is not list
+        else value
+        for key, value in info.items()
+    }
 
 
 # ---- the caller's side -------------------------------------------------------------------
@@ -124,8 +133,15 @@ class TextVectorEnv(gym.vector.VectorEnv):
 
     backend = ""
 
-    def __init__(self, gym_id: str, num_envs: int, env_kwargs: Mapping[str, Any], *, timeout: float | None,
-                 start_timeout: float | None) -> None:
+    def __init__(
+        self,
+        gym_id: str,
+        num_envs: int,
+        env_kwargs: Mapping[str, Any],
+        *,
+        timeout: float | None,
+        start_timeout: float | None,
+    ) -> None:
         self.closed = True  # until the workers are up (close() and __del__ check it)
         if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
@@ -191,9 +207,12 @@ class TextVectorEnv(gym.vector.VectorEnv):
 
     # ---- the Gymnasium API ---------------------------------------------------------------
 
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
-              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         self._check_open()
         seeds = self._seeds(seed)
         if isinstance(seed, (int, np.integer)):
@@ -228,8 +247,9 @@ class TextVectorEnv(gym.vector.VectorEnv):
             self._needs_reset = False
         return tuple(self._observations), infos
 
-    def step(self, actions: Sequence[Any]) -> tuple[tuple[Any, ...], np.ndarray, np.ndarray, np.ndarray,
-                                                     dict[str, Any]]:
+    def step(
+        self, actions: Sequence[Any]
+    ) -> tuple[tuple[Any, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         self._check_open()
         if self._needs_reset:
             raise gym.error.ResetNeeded("call reset() before step() (a previous reset did not complete)")
@@ -239,8 +259,9 @@ class TextVectorEnv(gym.vector.VectorEnv):
         failed = {i: r for i, r in replies.items() if r.kind != "ok"}
         for i, reply in failed.items():
             if reply.kind == "error":  # the engine may be in a bad state: a new worker builds it again
-                logger.warning("env %d raised in step (%s); replacing its worker\n%s", i, reply.message,
-                               reply.remote_traceback)
+                logger.warning(
+                    "env %d raised in step (%s); replacing its worker\n%s", i, reply.message, reply.remote_traceback
+                )
                 self._kill(i)
         restarted = self._restart_episodes({i: r.message for i, r in failed.items()})
 
@@ -254,8 +275,13 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 observation, info = restarted[i]
                 message = f"episode cut short, its worker replaced: {failed[i].message}"
                 final_info = {**self._infos[i], "worker_restarted": True, "error": message}
-                info = {**info, "worker_restarted": True, "error": message,
-                        "final_obs": self._observations[i], "final_info": final_info}
+                info = {
+                    **info,
+                    "worker_restarted": True,
+                    "error": message,
+                    "final_obs": self._observations[i],
+                    "final_info": final_info,
+                }
                 truncated[i] = True
             else:
                 observation, rewards[i], terminated[i], truncated[i], info = replies[i].value
@@ -394,4 +420,3 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 exc.add_note(f"(raised by env {index} of {self!r}, in its worker)")
             raise exc
         raise WorkerLost(f"env {index} {what}: {reply.message}")
-

@@ -98,16 +98,29 @@ class RayVectorEnv(TextVectorEnv):
 
     backend = "ray"
 
-    def __init__(self, gym_id: str, num_envs: int, env_kwargs: Mapping[str, Any], *, ray_address: str | None = None,
-                 num_cpus: float | None = None, ray_init_kwargs: Mapping[str, Any] | None = None,
-                 actor_options: Mapping[str, Any] | None = None, timeout: float | None = None,
-                 start_timeout: float | None = DEFAULT_START_TIMEOUT) -> None:
+    def __init__(
+        self,
+        gym_id: str,
+        num_envs: int,
+        env_kwargs: Mapping[str, Any],
+        *,
+        ray_address: str | None = None,
+        num_cpus: float | None = None,
+        ray_init_kwargs: Mapping[str, Any] | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        start_timeout: float | None = DEFAULT_START_TIMEOUT,
+    ) -> None:
         super().__init__(gym_id, num_envs, env_kwargs, timeout=timeout, start_timeout=start_timeout)
         self.num_cpus = DEFAULT_NUM_CPUS if num_cpus is None else float(num_cpus)
         if self.num_cpus < 0:
             raise ValueError(f"num_cpus must be >= 0, got {num_cpus!r}")
-        self._actor_options = {"num_cpus": self.num_cpus, "max_restarts": 0, "max_task_retries": 0,
-                               **dict(actor_options or {})}
+        self._actor_options = {
+            "num_cpus": self.num_cpus,
+            "max_restarts": 0,
+            "max_task_retries": 0,
+            **dict(actor_options or {}),
+        }
         self._environ = forwarded_environment()
         self._actors: list[Any] = [None] * self.num_envs
         self._refs: list[Any] = [None] * self.num_envs
@@ -130,8 +143,14 @@ class RayVectorEnv(TextVectorEnv):
         need = self.num_envs * self.num_cpus
         have = ray.cluster_resources().get("CPU", 0.0)
         if need > have:
-            logger.warning("%d actors x %g CPUs need %g CPUs but the Ray cluster has %g: some will wait for "
-                           "resources (lower num_cpus, or add nodes)", self.num_envs, self.num_cpus, need, have)
+            logger.warning(
+                "%d actors x %g CPUs need %g CPUs but the Ray cluster has %g: some will wait for "
+                "resources (lower num_cpus, or add nodes)",
+                self.num_envs,
+                self.num_cpus,
+                need,
+                have,
+            )
 
     def _launch(self, index: int) -> None:
         self._kill(index)

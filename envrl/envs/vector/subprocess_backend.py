@@ -45,8 +45,9 @@ def _pack_exception(exc: BaseException) -> tuple[str, str, bytes | None]:
     return describe_exception(exc), "".join(traceback.format_exception(exc)), pickled
 
 
-def _subprocess_worker(conn: Any, environ: dict[str, str], sys_path: list[str], gym_id: str,
-                       env_kwargs: dict[str, Any]) -> None:
+def _subprocess_worker(
+    conn: Any, environ: dict[str, str], sys_path: list[str], gym_id: str, env_kwargs: dict[str, Any]
+) -> None:
     """Entry point of a worker process: build the env, then answer requests until told to close."""
     apply_environment(environ)
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
@@ -96,8 +97,16 @@ class SubprocessVectorEnv(TextVectorEnv):
 
     backend = "subprocess"
 
-    def __init__(self, gym_id: str, num_envs: int, env_kwargs: Mapping[str, Any], *, timeout: float | None = None,
-                 start_timeout: float | None = DEFAULT_START_TIMEOUT, context: str | None = None) -> None:
+    def __init__(
+        self,
+        gym_id: str,
+        num_envs: int,
+        env_kwargs: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        start_timeout: float | None = DEFAULT_START_TIMEOUT,
+        context: str | None = None,
+    ) -> None:
         super().__init__(gym_id, num_envs, env_kwargs, timeout=timeout, start_timeout=start_timeout)
         method = context or start_method()
         self._ctx = mp.get_context(method)
@@ -113,8 +122,9 @@ class SubprocessVectorEnv(TextVectorEnv):
         if old is not None:
             old.kill()
         self._send_failed.discard(index)
-        self._workers[index] = WorkerProcess(self._ctx, _subprocess_worker, self._worker_args,
-                                             name="envrl-vector-worker")
+        self._workers[index] = WorkerProcess(
+            self._ctx, _subprocess_worker, self._worker_args, name="envrl-vector-worker"
+        )
 
     def _worker(self, index: int) -> WorkerProcess:
         """Env ``index``'s worker; every env has one from the start on (killed ones are kept

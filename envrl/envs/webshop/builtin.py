@@ -41,8 +41,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -58,12 +59,31 @@ FILES = ("items_shuffle.json", "items_ins_v2.json", "reviews.json")
 
 # Paper name -> official ``category`` value.
 CATEGORIES: dict[str, str] = {
-    "beauty": "beauty", "food": "grocery", "fashion": "fashion",
-    "furniture": "garden", "electronics": "electronics",
+    "beauty": "beauty",
+    "food": "grocery",
+    "fashion": "fashion",
+    "furniture": "garden",
+    "electronics": "electronics",
 }
 
-_COLORS = ("Black", "White", "Navy Blue", "Grey", "Beige", "Rose Gold", "Wine Red", "Pink",
-           "Green", "Brown", "Khaki", "Light Blue", "Black/White", "Silver", "Purple", "Teal")
+_COLORS = (
+    "Black",
+    "White",
+    "Navy Blue",
+    "Grey",
+    "Beige",
+    "Rose Gold",
+    "Wine Red",
+    "Pink",
+    "Green",
+    "Brown",
+    "Khaki",
+    "Light Blue",
+    "Black/White",
+    "Silver",
+    "Purple",
+    "Teal",
+)
 _CLOTHING_SIZES = ("X-Small", "Small", "Medium", "Large", "X-Large", "XX-Large", "3X-Large")
 _SHOE_SIZES = ("6", "6.5", "7", "7.5", "8", "8.5", "9", "9.5", "10", "10.5", "11", "12")
 
@@ -72,201 +92,589 @@ _SHOE_SIZES = ("6", "6.5", "7", "7.5", "8", "8.5", "9", "9.5", "10", "10.5", "11
 # the noun, "with": "with X", "for": "for X"), option name -> value pool, price range.
 _TAXONOMY: dict[str, list[dict[str, Any]]] = {
     "beauty": [
-        {"path": "Beauty & Personal Care › Hair Care › Shampoo & Conditioner › Shampoos",
-         "query": "Shampoo & Conditioner", "nouns": ("Shampoo", "Repair Shampoo", "Clarifying Shampoo", "Shampoo and Conditioner Set"),
-         "mods": ("Moisturizing", "Volumizing", "Daily", "Herbal"),
-         "attrs": (("sulfate free", "pre"), ("paraben free", "pre"), ("damaged hair", "for"), ("natural ingredients", "with"), ("tea tree", "with"), ("argan oil", "with"), ("dry hair", "for")),
-         "options": {"Size": ("8.4 Fl Oz (Pack of 1)", "13.5 Fl Oz (Pack of 1)", "16.9 Fl Oz (Pack of 2)", "33.8 Fl Oz"), "Scent": ("Lavender", "Coconut", "Unscented", "Peppermint")},
-         "price": (6.0, 48.0)},
-        {"path": "Beauty & Personal Care › Skin Care › Face › Creams & Moisturizers › Face Moisturizers",
-         "query": "Face Care", "nouns": ("Face Moisturizer", "Face Cream", "Night Cream", "Day Lotion"),
-         "mods": ("Hydrating", "Anti Aging", "Lightweight", "Overnight"),
-         "attrs": (("sensitive skin", "for"), ("dry skin", "for"), ("hyaluronic acid", "with"), ("cruelty free", "pre"), ("fine lines", "for"), ("long lasting", "pre"), ("natural ingredients", "with")),
-         "options": {"Size": ("1.7 Ounce", "2.5 Ounce", "4 Ounce"), "Scent": ("Unscented", "Rose", "Aloe")},
-         "price": (9.0, 79.0)},
-        {"path": "Beauty & Personal Care › Makeup › Lips › Lipstick",
-         "query": "Lip Makeup", "nouns": ("Lipstick", "Matte Lipstick", "Lip Gloss", "Liquid Lipstick"),
-         "mods": ("Velvet", "Creamy", "Waterproof", "Satin"),
-         "attrs": (("long lasting", "pre"), ("cruelty free", "pre"), ("highly pigmented", "pre"), ("easy apply", "pre"), ("vitamin e", "with"), ("non toxic", "pre")),
-         "options": {"Color": ("Ruby Red", "Nude", "Coral", "Berry", "Mauve", "Pink", "Plum"), "Size": ("Pack of 1", "Pack of 3")},
-         "price": (4.0, 32.0)},
-        {"path": "Beauty & Personal Care › Tools & Accessories › Bags & Cases › Refillable Containers",
-         "query": "Refillable Containers", "nouns": ("Travel Bottles", "Spray Bottle", "Refillable Containers", "Cosmetic Jars"),
-         "mods": ("Leak Proof", "Portable", "Empty", "Mini"),
-         "attrs": (("easy carry", "pre"), ("high quality", "pre"), ("travel size", "pre"), ("bpa free", "pre"), ("leak proof", "pre"), ("rose gold", "with"), ("fine mist", "with")),
-         "options": {"Color": ("Clear", "Black", "Rose Gold", "Amber", "White"), "Size": ("30ml", "50ml", "100ml", "3.4 oz")},
-         "price": (5.0, 25.0)},
-        {"path": "Beauty & Personal Care › Hair Care › Hair Extensions, Wigs & Accessories › Wigs",
-         "query": "Hair Loss Products", "nouns": ("Wig", "Lace Front Wig", "Hair Extension", "Clip In Hair Extensions"),
-         "mods": ("Natural Looking", "Curly", "Straight", "Wavy"),
-         "attrs": (("synthetic hair", "with"), ("natural hair", "with"), ("heat resistant", "pre"), ("high quality", "pre"), ("easy use", "pre"), ("hair loss", "for")),
-         "options": {"Color": ("Natural Black", "Dark Brown", "Blonde", "Silver Grey", "Burgundy"), "Size": ("14 Inch", "18 Inch", "22 Inch", "26 Inch")},
-         "price": (15.0, 190.0)},
-        {"path": "Beauty & Personal Care › Foot, Hand & Nail Care › Nail Art & Polish › Nail Polish",
-         "query": "Nail Polish", "nouns": ("Nail Polish", "Gel Nail Polish", "Nail Polish Set", "Top Coat"),
-         "mods": ("Glitter", "Quick Dry", "Chip Resistant", "Glossy"),
-         "attrs": (("long lasting", "pre"), ("non toxic", "pre"), ("nail art", "for"), ("quick dry", "pre"), ("easy apply", "pre"), ("high gloss", "with")),
-         "options": {"Color": ("Red", "Pink", "Nude", "Black", "Lavender", "Teal", "Gold"), "Size": ("0.5 Fl Oz", "6 Count", "12 Count")},
-         "price": (3.0, 28.0)},
+        {
+            "path": "Beauty & Personal Care › Hair Care › Shampoo & Conditioner › Shampoos",
+            "query": "Shampoo & Conditioner",
+            "nouns": ("Shampoo", "Repair Shampoo", "Clarifying Shampoo", "Shampoo and Conditioner Set"),
+            "mods": ("Moisturizing", "Volumizing", "Daily", "Herbal"),
+            "attrs": (
+                ("sulfate free", "pre"),
+                ("paraben free", "pre"),
+                ("damaged hair", "for"),
+                ("natural ingredients", "with"),
+                ("tea tree", "with"),
+                ("argan oil", "with"),
+                ("dry hair", "for"),
+            ),
+            "options": {
+                "Size": ("8.4 Fl Oz (Pack of 1)", "13.5 Fl Oz (Pack of 1)", "16.9 Fl Oz (Pack of 2)", "33.8 Fl Oz"),
+                "Scent": ("Lavender", "Coconut", "Unscented", "Peppermint"),
+            },
+            "price": (6.0, 48.0),
+        },
+        {
+            "path": "Beauty & Personal Care › Skin Care › Face › Creams & Moisturizers › Face Moisturizers",
+            "query": "Face Care",
+            "nouns": ("Face Moisturizer", "Face Cream", "Night Cream", "Day Lotion"),
+            "mods": ("Hydrating", "Anti Aging", "Lightweight", "Overnight"),
+            "attrs": (
+                ("sensitive skin", "for"),
+                ("dry skin", "for"),
+                ("hyaluronic acid", "with"),
+                ("cruelty free", "pre"),
+                ("fine lines", "for"),
+                ("long lasting", "pre"),
+                ("natural ingredients", "with"),
+            ),
+            "options": {"Size": ("1.7 Ounce", "2.5 Ounce", "4 Ounce"), "Scent": ("Unscented", "Rose", "Aloe")},
+            "price": (9.0, 79.0),
+        },
+        {
+            "path": "Beauty & Personal Care › Makeup › Lips › Lipstick",
+            "query": "Lip Makeup",
+            "nouns": ("Lipstick", "Matte Lipstick", "Lip Gloss", "Liquid Lipstick"),
+            "mods": ("Velvet", "Creamy", "Waterproof", "Satin"),
+            "attrs": (
+                ("long lasting", "pre"),
+                ("cruelty free", "pre"),
+                ("highly pigmented", "pre"),
+                ("easy apply", "pre"),
+                ("vitamin e", "with"),
+                ("non toxic", "pre"),
+            ),
+            "options": {
+                "Color": ("Ruby Red", "Nude", "Coral", "Berry", "Mauve", "Pink", "Plum"),
+                "Size": ("Pack of 1", "Pack of 3"),
+            },
+            "price": (4.0, 32.0),
+        },
+        {
+            "path": "Beauty & Personal Care › Tools & Accessories › Bags & Cases › Refillable Containers",
+            "query": "Refillable Containers",
+            "nouns": ("Travel Bottles", "Spray Bottle", "Refillable Containers", "Cosmetic Jars"),
+            "mods": ("Leak Proof", "Portable", "Empty", "Mini"),
+            "attrs": (
+                ("easy carry", "pre"),
+                ("high quality", "pre"),
+                ("travel size", "pre"),
+                ("bpa free", "pre"),
+                ("leak proof", "pre"),
+                ("rose gold", "with"),
+                ("fine mist", "with"),
+            ),
+            "options": {
+                "Color": ("Clear", "Black", "Rose Gold", "Amber", "White"),
+                "Size": ("30ml", "50ml", "100ml", "3.4 oz"),
+            },
+            "price": (5.0, 25.0),
+        },
+        {
+            "path": "Beauty & Personal Care › Hair Care › Hair Extensions, Wigs & Accessories › Wigs",
+            "query": "Hair Loss Products",
+            "nouns": ("Wig", "Lace Front Wig", "Hair Extension", "Clip In Hair Extensions"),
+            "mods": ("Natural Looking", "Curly", "Straight", "Wavy"),
+            "attrs": (
+                ("synthetic hair", "with"),
+                ("natural hair", "with"),
+                ("heat resistant", "pre"),
+                ("high quality", "pre"),
+                ("easy use", "pre"),
+                ("hair loss", "for"),
+            ),
+            "options": {
+                "Color": ("Natural Black", "Dark Brown", "Blonde", "Silver Grey", "Burgundy"),
+                "Size": ("14 Inch", "18 Inch", "22 Inch", "26 Inch"),
+            },
+            "price": (15.0, 190.0),
+        },
+        {
+            "path": "Beauty & Personal Care › Foot, Hand & Nail Care › Nail Art & Polish › Nail Polish",
+            "query": "Nail Polish",
+            "nouns": ("Nail Polish", "Gel Nail Polish", "Nail Polish Set", "Top Coat"),
+            "mods": ("Glitter", "Quick Dry", "Chip Resistant", "Glossy"),
+            "attrs": (
+                ("long lasting", "pre"),
+                ("non toxic", "pre"),
+                ("nail art", "for"),
+                ("quick dry", "pre"),
+                ("easy apply", "pre"),
+                ("high gloss", "with"),
+            ),
+            "options": {
+                "Color": ("Red", "Pink", "Nude", "Black", "Lavender", "Teal", "Gold"),
+                "Size": ("0.5 Fl Oz", "6 Count", "12 Count"),
+            },
+            "price": (3.0, 28.0),
+        },
     ],
     "grocery": [
-        {"path": "Grocery & Gourmet Food › Snacks & Sweets › Chips & Crisps › Potato Chips",
-         "query": "Chips & Crisps", "nouns": ("Potato Chips", "Kettle Chips", "Tortilla Chips", "Veggie Crisps"),
-         "mods": ("Crunchy", "Thin Sliced", "Kettle Cooked", "Baked"),
-         "attrs": (("gluten free", "pre"), ("non gmo", "pre"), ("individually wrapped", "pre"), ("low calorie", "pre"), ("plant based", "pre"), ("sea salt", "with")),
-         "options": {"Flavor Name": ("Sea Salt", "Barbecue", "Sour Cream & Onion", "Jalapeno", "Salt & Vinegar"), "Size": ("1 Ounce (Pack of 24)", "5 Ounce (Pack of 6)", "8 Ounce (Pack of 12)")},
-         "price": (3.0, 36.0)},
-        {"path": "Grocery & Gourmet Food › Beverages › Coffee, Tea & Cocoa › Tea › Green Tea",
-         "query": "Tea", "nouns": ("Green Tea", "Matcha Tea", "Herbal Tea", "Tea Bags"),
-         "mods": ("Organic", "Loose Leaf", "Decaf", "Premium"),
-         "attrs": (("usda organic", "pre"), ("caffeine free", "pre"), ("non gmo", "pre"), ("individually wrapped", "pre"), ("natural flavors", "with"), ("kosher certified", "pre")),
-         "options": {"Flavor Name": ("Jasmine", "Mint", "Lemon Ginger", "Original", "Peach"), "Size": ("20 Count (Pack of 1)", "20 Count (Pack of 6)", "100 Count")},
-         "price": (4.0, 40.0)},
-        {"path": "Grocery & Gourmet Food › Pantry Staples › Jams, Jellies & Sweet Spreads › Nut & Seed Butters",
-         "query": "Nut Butters", "nouns": ("Peanut Butter", "Almond Butter", "Cashew Butter", "Nut Butter Spread"),
-         "mods": ("Creamy", "Crunchy", "Natural", "Roasted"),
-         "attrs": (("high protein", "pre"), ("no added sugar", "with"), ("keto friendly", "pre"), ("gluten free", "pre"), ("non gmo", "pre"), ("plant based", "pre")),
-         "options": {"Flavor Name": ("Original", "Honey", "Chocolate", "Maple"), "Size": ("12 Ounce", "16 Ounce (Pack of 2)", "28 Ounce")},
-         "price": (5.0, 30.0)},
-        {"path": "Grocery & Gourmet Food › Snacks & Sweets › Cookies",
-         "query": "Cookies", "nouns": ("Cookies", "Sandwich Cookies", "Shortbread Cookies", "Oatmeal Cookies"),
-         "mods": ("Soft Baked", "Crispy", "Mini", "Classic"),
-         "attrs": (("individually wrapped", "pre"), ("gluten free", "pre"), ("low sugar", "pre"), ("great gift", "for"), ("dairy free", "pre"), ("natural ingredients", "with")),
-         "options": {"Flavor Name": ("Chocolate Chip", "Oatmeal Raisin", "Double Chocolate", "Vanilla", "Lemon"), "Size": ("6 Ounce", "12 Count (Pack of 2)", "24 Count")},
-         "price": (3.0, 34.0)},
-        {"path": "Grocery & Gourmet Food › Breakfast Foods › Cereals › Granola",
-         "query": "Breakfast Foods", "nouns": ("Granola", "Granola Cereal", "Muesli", "Oat Clusters"),
-         "mods": ("Crunchy", "Honey Roasted", "Ancient Grain", "Protein"),
-         "attrs": (("whole grain", "with"), ("high protein", "pre"), ("low sugar", "pre"), ("non gmo", "pre"), ("keto friendly", "pre"), ("gluten free", "pre")),
-         "options": {"Flavor Name": ("Honey Almond", "Blueberry", "Cinnamon", "Dark Chocolate"), "Size": ("11 Ounce", "12 Ounce (Pack of 3)", "32 Ounce")},
-         "price": (4.0, 32.0)},
-        {"path": "Grocery & Gourmet Food › Food & Beverage Gifts › Snack Gifts",
-         "query": "Party Mix", "nouns": ("Snack Gift Box", "Party Mix", "Gift Basket", "Snack Variety Pack"),
-         "mods": ("Gourmet", "Holiday", "Assorted", "Deluxe"),
-         "attrs": (("great gift", "for"), ("individually wrapped", "pre"), ("birthday party", "for"), ("perfect gift", "for"), ("variety pack", "with"), ("gift basket", "with")),
-         "options": {"Flavor Name": ("Sweet & Salty", "Savory", "Chocolate Lovers", "Classic Mix"), "Size": ("30 Count", "45 Count", "60 Count")},
-         "price": (12.0, 70.0)},
+        {
+            "path": "Grocery & Gourmet Food › Snacks & Sweets › Chips & Crisps › Potato Chips",
+            "query": "Chips & Crisps",
+            "nouns": ("Potato Chips", "Kettle Chips", "Tortilla Chips", "Veggie Crisps"),
+            "mods": ("Crunchy", "Thin Sliced", "Kettle Cooked", "Baked"),
+            "attrs": (
+                ("gluten free", "pre"),
+                ("non gmo", "pre"),
+                ("individually wrapped", "pre"),
+                ("low calorie", "pre"),
+                ("plant based", "pre"),
+                ("sea salt", "with"),
+            ),
+            "options": {
+                "Flavor Name": ("Sea Salt", "Barbecue", "Sour Cream & Onion", "Jalapeno", "Salt & Vinegar"),
+                "Size": ("1 Ounce (Pack of 24)", "5 Ounce (Pack of 6)", "8 Ounce (Pack of 12)"),
+            },
+            "price": (3.0, 36.0),
+        },
+        {
+            "path": "Grocery & Gourmet Food › Beverages › Coffee, Tea & Cocoa › Tea › Green Tea",
+            "query": "Tea",
+            "nouns": ("Green Tea", "Matcha Tea", "Herbal Tea", "Tea Bags"),
+            "mods": ("Organic", "Loose Leaf", "Decaf", "Premium"),
+            "attrs": (
+                ("usda organic", "pre"),
+                ("caffeine free", "pre"),
+                ("non gmo", "pre"),
+                ("individually wrapped", "pre"),
+                ("natural flavors", "with"),
+                ("kosher certified", "pre"),
+            ),
+            "options": {
+                "Flavor Name": ("Jasmine", "Mint", "Lemon Ginger", "Original", "Peach"),
+                "Size": ("20 Count (Pack of 1)", "20 Count (Pack of 6)", "100 Count"),
+            },
+            "price": (4.0, 40.0),
+        },
+        {
+            "path": "Grocery & Gourmet Food › Pantry Staples › Jams, Jellies & Sweet Spreads › Nut & Seed Butters",
+            "query": "Nut Butters",
+            "nouns": ("Peanut Butter", "Almond Butter", "Cashew Butter", "Nut Butter Spread"),
+            "mods": ("Creamy", "Crunchy", "Natural", "Roasted"),
+            "attrs": (
+                ("high protein", "pre"),
+                ("no added sugar", "with"),
+                ("keto friendly", "pre"),
+                ("gluten free", "pre"),
+                ("non gmo", "pre"),
+                ("plant based", "pre"),
+            ),
+            "options": {
+                "Flavor Name": ("Original", "Honey", "Chocolate", "Maple"),
+                "Size": ("12 Ounce", "16 Ounce (Pack of 2)", "28 Ounce"),
+            },
+            "price": (5.0, 30.0),
+        },
+        {
+            "path": "Grocery & Gourmet Food › Snacks & Sweets › Cookies",
+            "query": "Cookies",
+            "nouns": ("Cookies", "Sandwich Cookies", "Shortbread Cookies", "Oatmeal Cookies"),
+            "mods": ("Soft Baked", "Crispy", "Mini", "Classic"),
+            "attrs": (
+                ("individually wrapped", "pre"),
+                ("gluten free", "pre"),
+                ("low sugar", "pre"),
+                ("great gift", "for"),
+                ("dairy free", "pre"),
+                ("natural ingredients", "with"),
+            ),
+            "options": {
+                "Flavor Name": ("Chocolate Chip", "Oatmeal Raisin", "Double Chocolate", "Vanilla", "Lemon"),
+                "Size": ("6 Ounce", "12 Count (Pack of 2)", "24 Count"),
+            },
+            "price": (3.0, 34.0),
+        },
+        {
+            "path": "Grocery & Gourmet Food › Breakfast Foods › Cereals › Granola",
+            "query": "Breakfast Foods",
+            "nouns": ("Granola", "Granola Cereal", "Muesli", "Oat Clusters"),
+            "mods": ("Crunchy", "Honey Roasted", "Ancient Grain", "Protein"),
+            "attrs": (
+                ("whole grain", "with"),
+                ("high protein", "pre"),
+                ("low sugar", "pre"),
+                ("non gmo", "pre"),
+                ("keto friendly", "pre"),
+                ("gluten free", "pre"),
+            ),
+            "options": {
+                "Flavor Name": ("Honey Almond", "Blueberry", "Cinnamon", "Dark Chocolate"),
+                "Size": ("11 Ounce", "12 Ounce (Pack of 3)", "32 Ounce"),
+            },
+            "price": (4.0, 32.0),
+        },
+        {
+            "path": "Grocery & Gourmet Food › Food & Beverage Gifts › Snack Gifts",
+            "query": "Party Mix",
+            "nouns": ("Snack Gift Box", "Party Mix", "Gift Basket", "Snack Variety Pack"),
+            "mods": ("Gourmet", "Holiday", "Assorted", "Deluxe"),
+            "attrs": (
+                ("great gift", "for"),
+                ("individually wrapped", "pre"),
+                ("birthday party", "for"),
+                ("perfect gift", "for"),
+                ("variety pack", "with"),
+                ("gift basket", "with"),
+            ),
+            "options": {
+                "Flavor Name": ("Sweet & Salty", "Savory", "Chocolate Lovers", "Classic Mix"),
+                "Size": ("30 Count", "45 Count", "60 Count"),
+            },
+            "price": (12.0, 70.0),
+        },
     ],
     "fashion": [
-        {"path": "Clothing, Shoes & Jewelry › Women › Shoes › Pumps",
-         "query": "Women's Pumps", "nouns": ("Pumps", "Pointed Toe Pumps", "High Heels", "Stiletto Heels"),
-         "mods": ("Elegant", "Classic", "Sexy", "Slip On"),
-         "attrs": (("rubber sole", "with"), ("high heel", "with"), ("closed toe", "pre"), ("comfortable fit", "with"), ("party wedding", "for"), ("faux leather", "with")),
-         "options": {"Color": ("Black", "Nude", "Wine Red", "Beige", "Silver"), "Size": _SHOE_SIZES},
-         "price": (19.0, 89.0)},
-        {"path": "Clothing, Shoes & Jewelry › Men › Clothing › Shirts › T-Shirts",
-         "query": "Men's T-Shirts", "nouns": ("T-Shirt", "Crew Neck T-Shirt", "Graphic Tee", "Henley Shirt"),
-         "mods": ("Casual", "Slim Fit", "Cotton", "Athletic"),
-         "attrs": (("machine wash", "pre"), ("short sleeve", "with"), ("slim fit", "pre"), ("cotton spandex", "with"), ("everyday wear", "for"), ("long sleeve", "with")),
-         "options": {"Color": _COLORS[:10], "Size": _CLOTHING_SIZES},
-         "price": (8.0, 35.0)},
-        {"path": "Clothing, Shoes & Jewelry › Women › Clothing › Dresses",
-         "query": "Women's Dresses", "nouns": ("Dress", "Maxi Dress", "Cocktail Dress", "Sundress"),
-         "mods": ("Floral", "Bohemian", "Casual", "Elegant"),
-         "attrs": (("short sleeve", "with"), ("polyester spandex", "with"), ("elastic waist", "with"), ("machine wash", "pre"), ("daily wear", "for"), ("summer beach", "for")),
-         "options": {"Color": ("Black", "Floral Blue", "Red", "Green", "Apricot", "Pink", "White"), "Size": _CLOTHING_SIZES[:6]},
-         "price": (14.0, 65.0)},
-        {"path": "Clothing, Shoes & Jewelry › Women › Shoes › Loafers & Slip-Ons",
-         "query": "Women's Loafers & Slip-Ons", "nouns": ("Loafers", "Slip On Sneakers", "Walking Shoes", "Ballet Flats"),
-         "mods": ("Breathable", "Canvas", "Lightweight", "Comfort"),
-         "attrs": (("non slip", "pre"), ("rubber sole", "with"), ("arch support", "with"), ("memory foam", "with"), ("teen girls", "for"), ("daily wear", "for")),
-         "options": {"Color": ("Black", "Pink", "Leopard", "Grey", "White", "Navy"), "Size": _SHOE_SIZES[:10]},
-         "price": (16.0, 60.0)},
-        {"path": "Clothing, Shoes & Jewelry › Men › Shoes › Fashion Sneakers",
-         "query": "Men's Fashion Sneakers", "nouns": ("Sneakers", "Running Shoes", "Tennis Shoes", "Trainers"),
-         "mods": ("Lightweight", "Breathable", "Mesh", "Athletic"),
-         "attrs": (("non slip", "pre"), ("rubber sole", "with"), ("lace up", "pre"), ("memory foam", "with"), ("gym workout", "for"), ("arch support", "with")),
-         "options": {"Color": ("Black", "White", "Grey", "Navy Blue", "Black/White", "Red"), "Size": ("7", "8", "9", "10", "11", "12", "13")},
-         "price": (25.0, 120.0)},
-        {"path": "Clothing, Shoes & Jewelry › Women › Clothing › Jeans",
-         "query": "Women's Jeans", "nouns": ("Jeans", "Skinny Jeans", "Bootcut Jeans", "Mom Jeans"),
-         "mods": ("High Rise", "Stretch", "Distressed", "Classic"),
-         "attrs": (("high waist", "with"), ("button closure", "with"), ("machine wash", "pre"), ("slim fit", "pre"), ("cotton spandex", "with"), ("butt lifting", "pre")),
-         "options": {"Color": ("Light Blue", "Dark Blue", "Black", "Grey", "White"), "Size": ("2", "4", "6", "8", "10", "12", "14")},
-         "price": (18.0, 75.0)},
+        {
+            "path": "Clothing, Shoes & Jewelry › Women › Shoes › Pumps",
+            "query": "Women's Pumps",
+            "nouns": ("Pumps", "Pointed Toe Pumps", "High Heels", "Stiletto Heels"),
+            "mods": ("Elegant", "Classic", "Sexy", "Slip On"),
+            "attrs": (
+                ("rubber sole", "with"),
+                ("high heel", "with"),
+                ("closed toe", "pre"),
+                ("comfortable fit", "with"),
+                ("party wedding", "for"),
+                ("faux leather", "with"),
+            ),
+            "options": {"Color": ("Black", "Nude", "Wine Red", "Beige", "Silver"), "Size": _SHOE_SIZES},
+            "price": (19.0, 89.0),
+        },
+        {
+            "path": "Clothing, Shoes & Jewelry › Men › Clothing › Shirts › T-Shirts",
+            "query": "Men's T-Shirts",
+            "nouns": ("T-Shirt", "Crew Neck T-Shirt", "Graphic Tee", "Henley Shirt"),
+            "mods": ("Casual", "Slim Fit", "Cotton", "Athletic"),
+            "attrs": (
+                ("machine wash", "pre"),
+                ("short sleeve", "with"),
+                ("slim fit", "pre"),
+                ("cotton spandex", "with"),
+                ("everyday wear", "for"),
+                ("long sleeve", "with"),
+            ),
+            "options": {"Color": _COLORS[:10], "Size": _CLOTHING_SIZES},
+            "price": (8.0, 35.0),
+        },
+        {
+            "path": "Clothing, Shoes & Jewelry › Women › Clothing › Dresses",
+            "query": "Women's Dresses",
+            "nouns": ("Dress", "Maxi Dress", "Cocktail Dress", "Sundress"),
+            "mods": ("Floral", "Bohemian", "Casual", "Elegant"),
+            "attrs": (
+                ("short sleeve", "with"),
+                ("polyester spandex", "with"),
+                ("elastic waist", "with"),
+                ("machine wash", "pre"),
+                ("daily wear", "for"),
+                ("summer beach", "for"),
+            ),
+            "options": {
+                "Color": ("Black", "Floral Blue", "Red", "Green", "Apricot", "Pink", "White"),
+                "Size": _CLOTHING_SIZES[:6],
+            },
+            "price": (14.0, 65.0),
+        },
+        {
+            "path": "Clothing, Shoes & Jewelry › Women › Shoes › Loafers & Slip-Ons",
+            "query": "Women's Loafers & Slip-Ons",
+            "nouns": ("Loafers", "Slip On Sneakers", "Walking Shoes", "Ballet Flats"),
+            "mods": ("Breathable", "Canvas", "Lightweight", "Comfort"),
+            "attrs": (
+                ("non slip", "pre"),
+                ("rubber sole", "with"),
+                ("arch support", "with"),
+                ("memory foam", "with"),
+                ("teen girls", "for"),
+                ("daily wear", "for"),
+            ),
+            "options": {"Color": ("Black", "Pink", "Leopard", "Grey", "White", "Navy"), "Size": _SHOE_SIZES[:10]},
+            "price": (16.0, 60.0),
+        },
+        {
+            "path": "Clothing, Shoes & Jewelry › Men › Shoes › Fashion Sneakers",
+            "query": "Men's Fashion Sneakers",
+            "nouns": ("Sneakers", "Running Shoes", "Tennis Shoes", "Trainers"),
+            "mods": ("Lightweight", "Breathable", "Mesh", "Athletic"),
+            "attrs": (
+                ("non slip", "pre"),
+                ("rubber sole", "with"),
+                ("lace up", "pre"),
+                ("memory foam", "with"),
+                ("gym workout", "for"),
+                ("arch support", "with"),
+            ),
+            "options": {
+                "Color": ("Black", "White", "Grey", "Navy Blue", "Black/White", "Red"),
+                "Size": ("7", "8", "9", "10", "11", "12", "13"),
+            },
+            "price": (25.0, 120.0),
+        },
+        {
+            "path": "Clothing, Shoes & Jewelry › Women › Clothing › Jeans",
+            "query": "Women's Jeans",
+            "nouns": ("Jeans", "Skinny Jeans", "Bootcut Jeans", "Mom Jeans"),
+            "mods": ("High Rise", "Stretch", "Distressed", "Classic"),
+            "attrs": (
+                ("high waist", "with"),
+                ("button closure", "with"),
+                ("machine wash", "pre"),
+                ("slim fit", "pre"),
+                ("cotton spandex", "with"),
+                ("butt lifting", "pre"),
+            ),
+            "options": {
+                "Color": ("Light Blue", "Dark Blue", "Black", "Grey", "White"),
+                "Size": ("2", "4", "6", "8", "10", "12", "14"),
+            },
+            "price": (18.0, 75.0),
+        },
     ],
     "garden": [
-        {"path": "Home & Kitchen › Furniture › Living Room Furniture › Tables › Sofa & Console Tables",
-         "query": "Console tables", "nouns": ("Console Table", "Sofa Table", "Entryway Table", "Hallway Table"),
-         "mods": ("Rustic", "Modern", "Narrow", "Farmhouse"),
-         "attrs": (("living room", "for"), ("solid wood", "with"), ("storage space", "with"), ("easy assemble", "pre"), ("metal legs", "with"), ("engineered wood", "with")),
-         "options": {"Color": ("Black", "Walnut", "Rustic Brown", "White", "Grey Oak"), "Size": ("39.4 Inch", "47 Inch", "55 Inch", "63 Inch")},
-         "price": (60.0, 880.0)},
-        {"path": "Home & Kitchen › Furniture › Living Room Furniture › Sofas & Couches",
-         "query": "Sofas and couches", "nouns": ("Sofa", "Sofa Couch", "Loveseat", "Sectional Sofa"),
-         "mods": ("Modern", "Upholstered", "Mid Century", "Convertible"),
-         "attrs": (("living room", "for"), ("wood frame", "with"), ("easy assemble", "pre"), ("high density", "with"), ("small space", "for"), ("solid wood", "with")),
-         "options": {"Color": ("Grey", "Beige", "Navy Blue", "Green", "Dark Grey"), "Size": ("Loveseat", "3-Seat", "Sectional")},
-         "price": (150.0, 990.0)},
-        {"path": "Home & Kitchen › Furniture › Bedroom Furniture › Beds, Frames & Bases › Beds",
-         "query": "Beds", "nouns": ("Bed Frame", "Platform Bed", "Bunk Bed", "Storage Bed"),
-         "mods": ("Metal", "Upholstered", "Wooden", "Heavy Duty"),
-         "attrs": (("box spring", "with"), ("easy assemble", "pre"), ("storage space", "with"), ("wood frame", "with"), ("heavy duty", "pre"), ("noise free", "pre")),
-         "options": {"Color": ("Black", "White", "Grey", "Espresso", "Natural"), "Size": ("Twin", "Full", "Queen", "King")},
-         "price": (90.0, 760.0)},
-        {"path": "Home & Kitchen › Furniture › Home Office Furniture › Home Office Chairs › Desk Chairs",
-         "query": "Home Office Chairs", "nouns": ("Office Chair", "Desk Chair", "Gaming Chair", "Task Chair"),
-         "mods": ("Ergonomic", "Swivel", "High Back", "Mesh"),
-         "attrs": (("lumbar support", "with"), ("height adjustable", "pre"), ("easy assemble", "pre"), ("home office", "for"), ("heavy duty", "pre"), ("faux leather", "with")),
-         "options": {"Color": ("Black", "White", "Grey", "Pink", "Blue")},
-         "price": (45.0, 420.0)},
-        {"path": "Home & Kitchen › Furniture › Kitchen & Dining Room Furniture › Bar Stools",
-         "query": "Bar stools", "nouns": ("Bar Stools", "Counter Stools", "Swivel Bar Stool", "Barstools Set"),
-         "mods": ("Industrial", "Modern", "Adjustable", "Backless"),
-         "attrs": (("dining room", "for"), ("metal legs", "with"), ("easy assemble", "pre"), ("faux leather", "with"), ("height adjustable", "pre"), ("solid wood", "with")),
-         "options": {"Color": ("Black", "Brown", "White", "Grey", "Rustic Brown"), "Size": ("24 Inch", "26 Inch", "30 Inch", "Set of 2", "Set of 4")},
-         "price": (40.0, 360.0)},
-        {"path": "Home & Kitchen › Home Décor Products › Area Rugs, Runners & Pads › Area Rugs",
-         "query": "Area rugs", "nouns": ("Area Rug", "Shag Rug", "Runner Rug", "Washable Rug"),
-         "mods": ("Modern", "Vintage", "Geometric", "Boho"),
-         "attrs": (("easy clean", "pre"), ("living room", "for"), ("non slip", "pre"), ("spot clean", "pre"), ("machine washable", "pre"), ("high pile", "with")),
-         "options": {"Color": ("Turquoise", "Navy Blue", "Grey", "Cream", "Terracotta", "Snow White"), "Size": ("2 ft x 3 ft", "5 ft x 7 ft", "8 ft x 10 ft", "7 ft Round")},
-         "price": (20.0, 300.0)},
+        {
+            "path": "Home & Kitchen › Furniture › Living Room Furniture › Tables › Sofa & Console Tables",
+            "query": "Console tables",
+            "nouns": ("Console Table", "Sofa Table", "Entryway Table", "Hallway Table"),
+            "mods": ("Rustic", "Modern", "Narrow", "Farmhouse"),
+            "attrs": (
+                ("living room", "for"),
+                ("solid wood", "with"),
+                ("storage space", "with"),
+                ("easy assemble", "pre"),
+                ("metal legs", "with"),
+                ("engineered wood", "with"),
+            ),
+            "options": {
+                "Color": ("Black", "Walnut", "Rustic Brown", "White", "Grey Oak"),
+                "Size": ("39.4 Inch", "47 Inch", "55 Inch", "63 Inch"),
+            },
+            "price": (60.0, 880.0),
+        },
+        {
+            "path": "Home & Kitchen › Furniture › Living Room Furniture › Sofas & Couches",
+            "query": "Sofas and couches",
+            "nouns": ("Sofa", "Sofa Couch", "Loveseat", "Sectional Sofa"),
+            "mods": ("Modern", "Upholstered", "Mid Century", "Convertible"),
+            "attrs": (
+                ("living room", "for"),
+                ("wood frame", "with"),
+                ("easy assemble", "pre"),
+                ("high density", "with"),
+                ("small space", "for"),
+                ("solid wood", "with"),
+            ),
+            "options": {
+                "Color": ("Grey", "Beige", "Navy Blue", "Green", "Dark Grey"),
+                "Size": ("Loveseat", "3-Seat", "Sectional"),
+            },
+            "price": (150.0, 990.0),
+        },
+        {
+            "path": "Home & Kitchen › Furniture › Bedroom Furniture › Beds, Frames & Bases › Beds",
+            "query": "Beds",
+            "nouns": ("Bed Frame", "Platform Bed", "Bunk Bed", "Storage Bed"),
+            "mods": ("Metal", "Upholstered", "Wooden", "Heavy Duty"),
+            "attrs": (
+                ("box spring", "with"),
+                ("easy assemble", "pre"),
+                ("storage space", "with"),
+                ("wood frame", "with"),
+                ("heavy duty", "pre"),
+                ("noise free", "pre"),
+            ),
+            "options": {
+                "Color": ("Black", "White", "Grey", "Espresso", "Natural"),
+                "Size": ("Twin", "Full", "Queen", "King"),
+            },
+            "price": (90.0, 760.0),
+        },
+        {
+            "path": "Home & Kitchen › Furniture › Home Office Furniture › Home Office Chairs › Desk Chairs",
+            "query": "Home Office Chairs",
+            "nouns": ("Office Chair", "Desk Chair", "Gaming Chair", "Task Chair"),
+            "mods": ("Ergonomic", "Swivel", "High Back", "Mesh"),
+            "attrs": (
+                ("lumbar support", "with"),
+                ("height adjustable", "pre"),
+                ("easy assemble", "pre"),
+                ("home office", "for"),
+                ("heavy duty", "pre"),
+                ("faux leather", "with"),
+            ),
+            "options": {"Color": ("Black", "White", "Grey", "Pink", "Blue")},
+            "price": (45.0, 420.0),
+        },
+        {
+            "path": "Home & Kitchen › Furniture › Kitchen & Dining Room Furniture › Bar Stools",
+            "query": "Bar stools",
+            "nouns": ("Bar Stools", "Counter Stools", "Swivel Bar Stool", "Barstools Set"),
+            "mods": ("Industrial", "Modern", "Adjustable", "Backless"),
+            "attrs": (
+                ("dining room", "for"),
+                ("metal legs", "with"),
+                ("easy assemble", "pre"),
+                ("faux leather", "with"),
+                ("height adjustable", "pre"),
+                ("solid wood", "with"),
+            ),
+            "options": {
+                "Color": ("Black", "Brown", "White", "Grey", "Rustic Brown"),
+                "Size": ("24 Inch", "26 Inch", "30 Inch", "Set of 2", "Set of 4"),
+            },
+            "price": (40.0, 360.0),
+        },
+        {
+            "path": "Home & Kitchen › Home Décor Products › Area Rugs, Runners & Pads › Area Rugs",
+            "query": "Area rugs",
+            "nouns": ("Area Rug", "Shag Rug", "Runner Rug", "Washable Rug"),
+            "mods": ("Modern", "Vintage", "Geometric", "Boho"),
+            "attrs": (
+                ("easy clean", "pre"),
+                ("living room", "for"),
+                ("non slip", "pre"),
+                ("spot clean", "pre"),
+                ("machine washable", "pre"),
+                ("high pile", "with"),
+            ),
+            "options": {
+                "Color": ("Turquoise", "Navy Blue", "Grey", "Cream", "Terracotta", "Snow White"),
+                "Size": ("2 ft x 3 ft", "5 ft x 7 ft", "8 ft x 10 ft", "7 ft Round"),
+            },
+            "price": (20.0, 300.0),
+        },
     ],
     "electronics": [
-        {"path": "Electronics › Headphones › Earbud Headphones",
-         "query": "Headphones", "nouns": ("Earbuds", "Wireless Earbuds", "Bluetooth Headphones", "In-Ear Headphones"),
-         "mods": ("Sports", "True Wireless", "Mini", "Waterproof"),
-         "attrs": (("noise cancelling", "pre"), ("wireless bluetooth", "pre"), ("stereo sound", "with"), ("charging case", "with"), ("hands free", "pre"), ("long battery life", "with")),
-         "options": {"Color": ("Black", "White", "Red", "Pink", "Blue")},
-         "price": (12.0, 150.0)},
-        {"path": "Electronics › Wearable Technology › Arm & Wristband Accessories",
-         "query": "Wearable technology", "nouns": ("Watch Band", "Sport Band", "Replacement Strap", "Silicone Band"),
-         "mods": ("Soft", "Breathable", "Magnetic", "Braided"),
-         "attrs": (("stainless steel", "with"), ("quick release", "with"), ("easy install", "pre"), ("compatible apple", "pre"), ("high quality", "pre"), ("sweat proof", "pre")),
-         "options": {"Color": ("Black", "Teal", "Pink Sand", "Midnight Blue", "Starlight", "Red"), "Size": ("38mm/40mm/41mm", "42mm/44mm/45mm")},
-         "price": (6.0, 40.0)},
-        {"path": "Electronics › Computers & Accessories › Computers & Tablets › Laptops › Traditional Laptops",
-         "query": "Laptops", "nouns": ("Laptop", "Chromebook", "Notebook Computer", "Gaming Laptop"),
-         "mods": ("Thin", "Business", "Touchscreen", "Lightweight"),
-         "attrs": (("intel core", "with"), ("high definition", "with"), ("fast charging", "with"), ("backlit keyboard", "with"), ("usb port", "with"), ("long battery life", "with")),
-         "options": {"Size": ("8GB RAM 256GB SSD", "16GB RAM 512GB SSD", "32GB RAM 1TB SSD"), "Color": ("Silver", "Mineral Grey", "Black")},
-         "price": (180.0, 1400.0)},
-        {"path": "Electronics › Portable Audio & Video › Portable Speakers & Docks › Portable Bluetooth Speakers",
-         "query": "Portable speakers", "nouns": ("Bluetooth Speaker", "Portable Speaker", "Outdoor Speaker", "Party Speaker"),
-         "mods": ("Wireless", "Waterproof", "Rugged", "Mini"),
-         "attrs": (("stereo sound", "with"), ("wireless bluetooth", "pre"), ("water resistant", "pre"), ("long battery life", "with"), ("usb port", "with"), ("outdoor use", "for")),
-         "options": {"Color": ("Black", "Blue", "Red", "Camo", "Grey")},
-         "price": (15.0, 180.0)},
-        {"path": "Electronics › Accessories & Supplies › Audio & Video Accessories › Cables › HDMI Cables",
-         "query": "HDMI cables", "nouns": ("HDMI Cable", "HDMI Cord", "8K HDMI Cable", "Braided HDMI Cable"),
-         "mods": ("High Speed", "Braided", "Ultra HD", "Gold Plated"),
-         "attrs": (("high speed", "pre"), ("gold plated", "pre"), ("high definition", "with"), ("plug play", "pre"), ("ultra hd", "with"), ("easy use", "pre")),
-         "options": {"Size": ("3 ft", "6 ft", "10 ft", "15 ft"), "Style": ("1-Pack", "2-Pack", "3-Pack")},
-         "price": (5.0, 30.0)},
-        {"path": "Electronics › Camera & Photo › Flashes",
-         "query": "Flashes", "nouns": ("Camera Flash", "Speedlite", "Ring Light", "LED Video Light"),
-         "mods": ("Universal", "Dimmable", "Compact", "Professional"),
-         "attrs": (("easy use", "pre"), ("high power", "with"), ("usb charging", "with"), ("light weight", "pre"), ("batteries included", "with"), ("high definition", "with")),
-         "options": {"Style": ("Standard", "With Trigger", "Kit"), "Color": ("Black", "White")},
-         "price": (18.0, 260.0)},
+        {
+            "path": "Electronics › Headphones › Earbud Headphones",
+            "query": "Headphones",
+            "nouns": ("Earbuds", "Wireless Earbuds", "Bluetooth Headphones", "In-Ear Headphones"),
+            "mods": ("Sports", "True Wireless", "Mini", "Waterproof"),
+            "attrs": (
+                ("noise cancelling", "pre"),
+                ("wireless bluetooth", "pre"),
+                ("stereo sound", "with"),
+                ("charging case", "with"),
+                ("hands free", "pre"),
+                ("long battery life", "with"),
+            ),
+            "options": {"Color": ("Black", "White", "Red", "Pink", "Blue")},
+            "price": (12.0, 150.0),
+        },
+        {
+            "path": "Electronics › Wearable Technology › Arm & Wristband Accessories",
+            "query": "Wearable technology",
+            "nouns": ("Watch Band", "Sport Band", "Replacement Strap", "Silicone Band"),
+            "mods": ("Soft", "Breathable", "Magnetic", "Braided"),
+            "attrs": (
+                ("stainless steel", "with"),
+                ("quick release", "with"),
+                ("easy install", "pre"),
+                ("compatible apple", "pre"),
+                ("high quality", "pre"),
+                ("sweat proof", "pre"),
+            ),
+            "options": {
+                "Color": ("Black", "Teal", "Pink Sand", "Midnight Blue", "Starlight", "Red"),
+                "Size": ("38mm/40mm/41mm", "42mm/44mm/45mm"),
+            },
+            "price": (6.0, 40.0),
+        },
+        {
+            "path": "Electronics › Computers & Accessories › Computers & Tablets › Laptops › Traditional Laptops",
+            "query": "Laptops",
+            "nouns": ("Laptop", "Chromebook", "Notebook Computer", "Gaming Laptop"),
+            "mods": ("Thin", "Business", "Touchscreen", "Lightweight"),
+            "attrs": (
+                ("intel core", "with"),
+                ("high definition", "with"),
+                ("fast charging", "with"),
+                ("backlit keyboard", "with"),
+                ("usb port", "with"),
+                ("long battery life", "with"),
+            ),
+            "options": {
+                "Size": ("8GB RAM 256GB SSD", "16GB RAM 512GB SSD", "32GB RAM 1TB SSD"),
+                "Color": ("Silver", "Mineral Grey", "Black"),
+            },
+            "price": (180.0, 1400.0),
+        },
+        {
+            "path": "Electronics › Portable Audio & Video › Portable Speakers & Docks › Portable Bluetooth Speakers",
+            "query": "Portable speakers",
+            "nouns": ("Bluetooth Speaker", "Portable Speaker", "Outdoor Speaker", "Party Speaker"),
+            "mods": ("Wireless", "Waterproof", "Rugged", "Mini"),
+            "attrs": (
+                ("stereo sound", "with"),
+                ("wireless bluetooth", "pre"),
+                ("water resistant", "pre"),
+                ("long battery life", "with"),
+                ("usb port", "with"),
+                ("outdoor use", "for"),
+            ),
+            "options": {"Color": ("Black", "Blue", "Red", "Camo", "Grey")},
+            "price": (15.0, 180.0),
+        },
+        {
+            "path": "Electronics › Accessories & Supplies › Audio & Video Accessories › Cables › HDMI Cables",
+            "query": "HDMI cables",
+            "nouns": ("HDMI Cable", "HDMI Cord", "8K HDMI Cable", "Braided HDMI Cable"),
+            "mods": ("High Speed", "Braided", "Ultra HD", "Gold Plated"),
+            "attrs": (
+                ("high speed", "pre"),
+                ("gold plated", "pre"),
+                ("high definition", "with"),
+                ("plug play", "pre"),
+                ("ultra hd", "with"),
+                ("easy use", "pre"),
+            ),
+            "options": {"Size": ("3 ft", "6 ft", "10 ft", "15 ft"), "Style": ("1-Pack", "2-Pack", "3-Pack")},
+            "price": (5.0, 30.0),
+        },
+        {
+            "path": "Electronics › Camera & Photo › Flashes",
+            "query": "Flashes",
+            "nouns": ("Camera Flash", "Speedlite", "Ring Light", "LED Video Light"),
+            "mods": ("Universal", "Dimmable", "Compact", "Professional"),
+            "attrs": (
+                ("easy use", "pre"),
+                ("high power", "with"),
+                ("usb charging", "with"),
+                ("light weight", "pre"),
+                ("batteries included", "with"),
+                ("high definition", "with"),
+            ),
+            "options": {"Style": ("Standard", "With Trigger", "Kit"), "Color": ("Black", "White")},
+            "price": (18.0, 260.0),
+        },
     ],
 }
 
 _CATEGORY_ORDER = tuple(_TAXONOMY)  # beauty, grocery, fashion, garden, electronics
 
-_BRAND_HEADS = ("Vel", "Nor", "Ari", "Lum", "Kes", "Tro", "Zen", "Mar", "Ola", "Bri", "Cor",
-                "Dax", "Eli", "Fen", "Gal", "Hux", "Ivo", "Jun", "Kai", "Lor", "Mio", "Nexa")
+_BRAND_HEADS = (
+    "Vel",
+    "Nor",
+    "Ari",
+    "Lum",
+    "Kes",
+    "Tro",
+    "Zen",
+    "Mar",
+    "Ola",
+    "Bri",
+    "Cor",
+    "Dax",
+    "Eli",
+    "Fen",
+    "Gal",
+    "Hux",
+    "Ivo",
+    "Jun",
+    "Kai",
+    "Lor",
+    "Mio",
+    "Nexa",
+)
 _BRAND_TAILS = ("ora", "ex", "ly", "ana", "io", "et", "on", "ix", "ura", "ell", "ova", "ant")
 
 _MATERIALS = {
@@ -283,8 +691,16 @@ _USES = {
     "garden": ("the living room", "small apartments", "the bedroom", "the home office", "entryways"),
     "electronics": ("home and office", "travel", "workouts", "gaming", "video calls"),
 }
-_REVIEW_TITLES = ("Love it", "Works as described", "Good value", "Not what I expected",
-                  "Great quality", "Okay for the price", "Would buy again", "Disappointed")
+_REVIEW_TITLES = (
+    "Love it",
+    "Works as described",
+    "Good value",
+    "Not what I expected",
+    "Great quality",
+    "Okay for the price",
+    "Would buy again",
+    "Disappointed",
+)
 _REVIEW_BODIES = (
     "The {noun} arrived quickly and looks just like the pictures.",
     "I have used this {noun} for a few weeks now and I am happy with it.",
@@ -347,8 +763,7 @@ _SMALL_WORDS = frozenset(("and", "or", "for", "of", "the", "with", "in"))
 
 
 def _title_case(phrase: str) -> str:
-    return " ".join(w if w.isupper() or w in _SMALL_WORDS else w[:1].upper() + w[1:]
-                    for w in phrase.split())
+    return " ".join(w if w.isupper() or w in _SMALL_WORDS else w[:1].upper() + w[1:] for w in phrase.split())
 
 
 def _bullet(attr: tuple[str, str], noun: str, material: str) -> str:
@@ -427,10 +842,12 @@ def generate(num_products: int = DEFAULT_NUM_PRODUCTS) -> tuple[list[dict], dict
                 bullets.append(_bullet(attr, noun_lower, material))
         if u[21] < 0.5:
             bullets.append(f"WHAT YOU GET - {noun} by {brand}, backed by a 30-day return policy. ")
-        description = (f"{brand} {noun_lower}, {mod.lower()} and dependable. "
-                       f"Made with {material} for {use}. "
-                       + ("Highlights: " + ", ".join(attr_names[1:]) + ". " if len(attr_names) > 1 else "")
-                       + f"Part of our {leaf['query'].lower()} range.")
+        description = (
+            f"{brand} {noun_lower}, {mod.lower()} and dependable. "
+            f"Made with {material} for {use}. "
+            + ("Highlights: " + ", ".join(attr_names[1:]) + ". " if len(attr_names) > 1 else "")
+            + f"Part of our {leaf['query'].lower()} range."
+        )
 
         low, high = leaf["price"]
         price = round(low + (high - low) * u[22] ** 2, 2)
@@ -447,42 +864,47 @@ def generate(num_products: int = DEFAULT_NUM_PRODUCTS) -> tuple[list[dict], dict
         for r in range(n_reviews):
             ur = u[26 + r]
             stars = 1 + int(ur * 5)
-            product_reviews.append({
-                "title": _pick(_REVIEW_TITLES, (ur * 7.0) % 1.0),
-                "stars": stars,
-                "review": _pick(_REVIEW_BODIES, (ur * 13.0) % 1.0).format(
-                    noun=noun.lower(), attr=attr_names[r % len(attr_names)]),
-            })
+            product_reviews.append(
+                {
+                    "title": _pick(_REVIEW_TITLES, (ur * 7.0) % 1.0),
+                    "stars": stars,
+                    "review": _pick(_REVIEW_BODIES, (ur * 13.0) % 1.0).format(
+                        noun=noun.lower(), attr=attr_names[r % len(attr_names)]
+                    ),
+                }
+            )
         average = round(sum(r["stars"] for r in product_reviews) / n_reviews, 1) if n_reviews else ""
         if product_reviews:
             reviews.append({"asin": asin, "reviews": product_reviews, "average_rating": average})
 
-        products.append({
-            "name": title,
-            "product_information": {"ASIN": asin, "Manufacturer": brand},
-            "brand": f"Brand: {brand}",
-            "brand_url": "",
-            "full_description": description,
-            "pricing": pricing,
-            "list_price": "",
-            "availability_status": "In Stock.",
-            "images": [f"https://envrl.invalid/webshop/images/{asin}.jpg"],
-            "product_category": leaf["path"],
-            "average_rating": average,
-            "small_description": bullets,
-            "total_reviews": n_reviews or "",
-            "total_answered_questions": "",
-            "customization_options": options or "",
-            "seller_id": "",
-            "seller_name": brand,
-            "fulfilled_by_amazon": "",
-            "fast_track_message": "",
-            "aplus_present": "",
-            "asin": asin,
-            "category": category,
-            "query": leaf["query"],
-            "page": 1 + int(u[29] * 400),
-        })
+        products.append(
+            {
+                "name": title,
+                "product_information": {"ASIN": asin, "Manufacturer": brand},
+                "brand": f"Brand: {brand}",
+                "brand_url": "",
+                "full_description": description,
+                "pricing": pricing,
+                "list_price": "",
+                "availability_status": "In Stock.",
+                "images": [f"https://envrl.invalid/webshop/images/{asin}.jpg"],
+                "product_category": leaf["path"],
+                "average_rating": average,
+                "small_description": bullets,
+                "total_reviews": n_reviews or "",
+                "total_answered_questions": "",
+                "customization_options": options or "",
+                "seller_id": "",
+                "seller_name": brand,
+                "fulfilled_by_amazon": "",
+                "fast_track_message": "",
+                "aplus_present": "",
+                "asin": asin,
+                "category": category,
+                "query": leaf["query"],
+                "page": 1 + int(u[29] * 400),
+            }
+        )
 
         entry: dict[str, Any] = {"attributes": attr_names}
         if u[30] < INSTRUCTION_SHARE:
@@ -518,8 +940,9 @@ def _read_files(folder: Path) -> tuple[list[dict], dict[str, dict], list[dict]]:
     return out[0], out[1], out[2]
 
 
-def load_builtin(num_products: int = DEFAULT_NUM_PRODUCTS, *, use_cache: bool | None = None
-                 ) -> tuple[list[dict], dict[str, dict], list[dict]]:
+def load_builtin(
+    num_products: int = DEFAULT_NUM_PRODUCTS, *, use_cache: bool | None = None
+) -> tuple[list[dict], dict[str, dict], list[dict]]:
     """The built-in raw files, from the disk cache when there, else generated (and cached when big).
 
     ``use_cache`` None: cache catalogs of at least ``CACHE_MIN_PRODUCTS`` products.

@@ -47,12 +47,24 @@ ATTRIBUTE_FILES = ("items_ins_v2_1000.json", "items_ins_v2.json")
 HUMAN_FILE = "items_human_ins.json"
 REVIEW_FILE = "reviews.json"
 
-_DROPPED_KEYS = frozenset((
-    "product_information", "brand", "brand_url", "list_price", "availability_quantity",
-    "availability_status", "total_reviews", "total_answered_questions", "seller_id",
-    "seller_name", "fulfilled_by_amazon", "fast_track_message", "aplus_present",
-    "small_description_old",
-))
+_DROPPED_KEYS = frozenset(
+    (
+        "product_information",
+        "brand",
+        "brand_url",
+        "list_price",
+        "availability_quantity",
+        "availability_status",
+        "total_reviews",
+        "total_answered_questions",
+        "seller_id",
+        "seller_name",
+        "fulfilled_by_amazon",
+        "fast_track_message",
+        "aplus_present",
+        "small_description_old",
+    )
+)
 _NOT_PRICE = re.compile(r"[^\d.]")
 
 
@@ -112,11 +124,13 @@ def _reviews(raw: Sequence[Mapping[str, Any]] | None) -> tuple[dict[str, list], 
     return reviews, ratings
 
 
-def build_products(raw_products: Sequence[Mapping[str, Any]],
-                   attributes: Mapping[str, Mapping[str, Any]],
-                   human_instructions: Mapping[str, list] | None = None,
-                   reviews: Sequence[Mapping[str, Any]] | None = None,
-                   num_products: int | None = None) -> list[dict[str, Any]]:
+def build_products(
+    raw_products: Sequence[Mapping[str, Any]],
+    attributes: Mapping[str, Mapping[str, Any]],
+    human_instructions: Mapping[str, list] | None = None,
+    reviews: Sequence[Mapping[str, Any]] | None = None,
+    num_products: int | None = None,
+) -> list[dict[str, Any]]:
     """Raw records -> engine-schema products, in file order (the first ``num_products`` records)."""
     all_reviews, all_ratings = _reviews(reviews)
     records = raw_products if num_products is None else raw_products[:num_products]
@@ -202,7 +216,8 @@ def _read_json(path: Path, role: str) -> Any:
         raise WebShopDataError(
             f"cannot read the WebShop {role} file {path}: {exc}. Re-download the official data "
             "(WebShop's setup.sh / the files linked from its README) into that folder, or unset "
-            "WEBSHOP_DATA to use the built-in catalog.") from exc
+            "WEBSHOP_DATA to use the built-in catalog."
+        ) from exc
 
 
 class OfficialFiles(TypedDict):
@@ -225,7 +240,8 @@ def official_files(data_dir: str | os.PathLike, *, full: bool = False) -> Offici
         raise WebShopDataError(
             f"WebShop data folder {folder} does not exist. Set WEBSHOP_DATA (or data_dir) to the "
             "folder holding items_shuffle_1000.json and items_ins_v2_1000.json (or the full "
-            "items_shuffle.json and items_ins_v2.json), or unset it to use the built-in catalog.")
+            "items_shuffle.json and items_ins_v2.json), or unset it to use the built-in catalog."
+        )
     order = (1, 0) if full else (0, 1)
     products = _required_file(folder, "products", [folder / PRODUCT_FILES[i] for i in order])
     attributes = _required_file(folder, "attributes", [folder / ATTRIBUTE_FILES[i] for i in order])
@@ -233,12 +249,16 @@ def official_files(data_dir: str | os.PathLike, *, full: bool = False) -> Offici
     if products.name.endswith("_1000.json") != attributes.name.endswith("_1000.json"):
         raise WebShopDataError(
             f"WebShop files of different settings in {folder}: {products.name} with "
-            f"{attributes.name}; provide both _1000 files or both full files.")
+            f"{attributes.name}; provide both _1000 files or both full files."
+        )
     human = folder / HUMAN_FILE
     reviews = folder / REVIEW_FILE
-    return OfficialFiles(products=products, attributes=attributes,
-                         human=human if human.is_file() else None,
-                         reviews=reviews if reviews.is_file() else None)
+    return OfficialFiles(
+        products=products,
+        attributes=attributes,
+        human=human if human.is_file() else None,
+        reviews=reviews if reviews.is_file() else None,
+    )
 
 
 def _required_file(folder: Path, role: str, candidates: list[Path]) -> Path:
@@ -248,12 +268,12 @@ def _required_file(folder: Path, role: str, candidates: list[Path]) -> Path:
         raise WebShopDataError(
             f"WebShop {role} file missing in {folder}: expected {candidates[0].name}"
             f" or {candidates[1].name}. Download the official data (WebShop's setup.sh) into "
-            "that folder, or unset WEBSHOP_DATA to use the built-in catalog.")
+            "that folder, or unset WEBSHOP_DATA to use the built-in catalog."
+        )
     return found
 
 
-def load_official(data_dir: str | os.PathLike, num_products: int | None = None, *,
-                  full: bool | None = None) -> Catalog:
+def load_official(data_dir: str | os.PathLike, num_products: int | None = None, *, full: bool | None = None) -> Catalog:
     """The official catalog; ``full`` None picks the full files when ``num_products`` > 1,000."""
     if full is None:
         full = num_products is not None and num_products > 1000
@@ -265,14 +285,22 @@ def load_official(data_dir: str | os.PathLike, num_products: int | None = None, 
     if not isinstance(raw, list) or not isinstance(attributes, dict):
         raise WebShopDataError(
             f"unexpected WebShop file format: {files['products']} must hold a list of products and "
-            f"{files['attributes']} an object keyed by asin. Re-download the official files.")
+            f"{files['attributes']} an object keyed by asin. Re-download the official files."
+        )
     try:
         products = build_products(raw, attributes, human, reviews, num_products)
     except (KeyError, TypeError, AttributeError) as exc:
-        raise WebShopDataError(f"malformed WebShop product record in {files['products']}: "
-                               f"missing or bad field {exc}. Re-download the official files.") from exc
-    return Catalog(products, product_prices(products), "official", human is not None,
-                   {k: str(v) for k, v in files.items() if v is not None})
+        raise WebShopDataError(
+            f"malformed WebShop product record in {files['products']}: "
+            f"missing or bad field {exc}. Re-download the official files."
+        ) from exc
+    return Catalog(
+        products,
+        product_prices(products),
+        "official",
+        human is not None,
+        {k: str(v) for k, v in files.items() if v is not None},
+    )
 
 
 def load_builtin_catalog(num_products: int = builtin.DEFAULT_NUM_PRODUCTS) -> Catalog:
@@ -280,5 +308,6 @@ def load_builtin_catalog(num_products: int = builtin.DEFAULT_NUM_PRODUCTS) -> Ca
     with no_gc():
         raw, attributes, reviews = builtin.load_builtin(num_products)
     products = build_products(raw, attributes, None, reviews)
-    return Catalog(products, product_prices(products), "builtin", False,
-                   {"builtin": builtin.builtin_dir_name(num_products)})
+    return Catalog(
+        products, product_prices(products), "builtin", False, {"builtin": builtin.builtin_dir_name(num_products)}
+    )

@@ -44,7 +44,8 @@ import hashlib
 import itertools
 import random
 from collections import Counter, defaultdict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from envrl.envs.webshop.reward import PRICE_RANGE
 
@@ -76,23 +77,24 @@ def human_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, floa
             if not attributes:
                 continue
             upper, price_text = _price_bound(prices[product["asin"]], rng)
-            goals.append({
-                "asin": product["asin"],
-                "category": product["category"],
-                "query": product["query"],
-                "name": product["name"],
-                "product_category": product["product_category"],
-                "instruction_text": instruction["instruction"].strip(".") + price_text,
-                "attributes": attributes,
-                "price_upper": upper,
-                "goal_options": instruction["instruction_options"],
-                "weight": 1,
-            })
+            goals.append(
+                {
+                    "asin": product["asin"],
+                    "category": product["category"],
+                    "query": product["query"],
+                    "name": product["name"],
+                    "product_category": product["product_category"],
+                    "instruction_text": instruction["instruction"].strip(".") + price_text,
+                    "attributes": attributes,
+                    "price_upper": upper,
+                    "goal_options": instruction["instruction_options"],
+                    "weight": 1,
+                }
+            )
     return goals
 
 
-def _combinations(options: Mapping[str, Sequence[str]], cap: int | None,
-                  rng: random.Random) -> list[tuple[str, ...]]:
+def _combinations(options: Mapping[str, Sequence[str]], cap: int | None, rng: random.Random) -> list[tuple[str, ...]]:
     """Option-value combinations (names sorted), all of them or ``cap`` in product order.
 
     With a cap, the kept combinations are ``cap`` evenly spaced ``itertools.product`` indices
@@ -117,8 +119,9 @@ def _combinations(options: Mapping[str, Sequence[str]], cap: int | None,
     return out
 
 
-def synthetic_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, float],
-                    max_per_product: int | None = None) -> list[dict]:
+def synthetic_goals(
+    products: Sequence[Mapping[str, Any]], prices: Mapping[str, float], max_per_product: int | None = None
+) -> list[dict]:
     """Goals from the products' synthetic instructions, one per option combination."""
     price_rng = random.Random(PRICE_UPPER_SEED)
     combo_rng = random.Random(COMBINATION_SEED)
@@ -135,17 +138,19 @@ def synthetic_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, 
             goal_options = dict(zip(names, combo))
             option_text = ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
             option_text = f" with {option_text}" if option_text else ""
-            goals.append({
-                "asin": product["asin"],
-                "category": product["category"],
-                "query": product["query"],
-                "name": product["Title"],
-                "product_category": product["product_category"],
-                "instruction_text": f"{instruction}{option_text}{price_text}",
-                "attributes": attributes,
-                "price_upper": upper,
-                "goal_options": goal_options,
-            })
+            goals.append(
+                {
+                    "asin": product["asin"],
+                    "category": product["category"],
+                    "query": product["query"],
+                    "name": product["Title"],
+                    "product_category": product["product_category"],
+                    "instruction_text": f"{instruction}{option_text}{price_text}",
+                    "attributes": attributes,
+                    "price_upper": upper,
+                    "goal_options": goal_options,
+                }
+            )
             for attribute in attributes:
                 attribute_counts[attribute] += 1
     for goal in goals:
@@ -153,8 +158,13 @@ def synthetic_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, 
     return goals
 
 
-def build_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, float], *,
-                human: bool, max_per_product: int | None = None) -> list[dict]:
+def build_goals(
+    products: Sequence[Mapping[str, Any]],
+    prices: Mapping[str, float],
+    *,
+    human: bool,
+    max_per_product: int | None = None,
+) -> list[dict]:
     """All goals in the original's fixed (shuffled) order."""
     goals = human_goals(products, prices) if human else synthetic_goals(products, prices, max_per_product)
     return shuffle_goals(goals)
@@ -202,8 +212,7 @@ def held_out_categories(goals: Sequence[Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(held)
 
 
-def split_indices(goals: Sequence[Mapping[str, Any]],
-                  held: frozenset[str] | None = None) -> dict[str, list[int]]:
+def split_indices(goals: Sequence[Mapping[str, Any]], held: frozenset[str] | None = None) -> dict[str, list[int]]:
     """Goal indices of every split in ``SPLITS``; disjoint, together all goals."""
     test_end, eval_end = split_bounds(len(goals))
     if held is None:
@@ -211,5 +220,4 @@ def split_indices(goals: Sequence[Mapping[str, Any]],
     in_ood = [g["product_category"] in held for g in goals[eval_end:]]
     train = [eval_end + i for i, ood in enumerate(in_ood) if not ood]
     ood = [eval_end + i for i, ood in enumerate(in_ood) if ood]
-    return {"train": train, "eval": list(range(test_end, eval_end)),
-            "test": list(range(test_end)), "test_ood": ood}
+    return {"train": train, "eval": list(range(test_end, eval_end)), "test": list(range(test_end)), "test_ood": ood}

@@ -78,7 +78,8 @@ def similarity(a: str, b: str) -> int:
 
 # --------------------------------------------------------------------------- nouns
 
-_FUNCTION_WORDS = frozenset("""
+_FUNCTION_WORDS = frozenset(
+    """
 a about above across after again against all almost along also although always am among an and
 another any anyone anything anyway are around as at be became because become been before being
 below beside besides between beyond both but by can cannot could did do does doing done down
@@ -92,10 +93,12 @@ under until unto up upon us very via was we well were what whatever when where w
 who whom whose why will with within without would yet you your yours yourself yourselves w/ w
 two three four five six seven eight nine ten eleven twelve twenty thirty forty fifty hundred
 thousand first second third
-""".split())
+""".split()
+)
 
 # Title words that taggers read as adjectives, adverbs or verbs (lowercase).
-_NOT_NOUNS = frozenset("""
+_NOT_NOUNS = frozenset(
+    """
 new modern small large big mini little long short high low soft hard deep light heavy thin thick
 natural organic pure fresh premium professional portable wireless waterproof durable comfortable
 adjustable elegant sexy cute classic vintage rustic decorative casual slim extra super ultra sweet
@@ -117,12 +120,14 @@ smart intelligent ultra-thin slimming shaping moisturizing amazing matching last
 stunning soothing nourishing hydrating repairing clarifying volumizing sparkling relaxing
 refreshing cleansing brightening whitening firming lifting anti-aging anti-slip non-slip
 waterproofing everlasting outstanding
-""".split())
+""".split()
+)
 
 _ING_NOT_NOUNS = frozenset(w for w in _NOT_NOUNS if w.endswith("ing"))
 
 # Nouns with an adjective/participle ending.
-_SUFFIX_NOUNS = frozenset("""
+_SUFFIX_NOUNS = frozenset(
+    """
 bed sofabed daybed shed seed speed feed need weed sled reed breed red bred
 table cable vegetable turntable timetable notable stable
 drive olive archive hive detective adhesive executive objective motive
@@ -130,7 +135,8 @@ supply family assembly jelly belly fly butterfly dragonfly lily holly bully rall
 jewellery pantry poetry
 glass class brass grass mass pass bass boss dress press chess moss loss kiss gloss
 bus plus campus cactus virus fungus hummus octopus status lotus focus bonus
-""".split())
+""".split()
+)
 
 _ADJ_SUFFIXES = ("ly", "ous", "ful", "less", "able", "ible", "ive", "ed")
 
@@ -206,8 +212,9 @@ def _spacy_pipeline() -> Any | None:
             _spacy_state["nlp"] = nlp
         nlp = _spacy_state["nlp"]
     if nlp is None and mode == "spacy":
-        raise RuntimeError("ENVRL_WEBSHOP_NOUNS=spacy but no English spaCy model is installed "
-                           f"(tried {', '.join(_SPACY_MODELS)})")
+        raise RuntimeError(
+            f"ENVRL_WEBSHOP_NOUNS=spacy but no English spaCy model is installed (tried {', '.join(_SPACY_MODELS)})"
+        )
     return nlp
 
 
@@ -253,15 +260,16 @@ def type_reward(product: Mapping[str, Any], goal: Mapping[str, Any]) -> dict[str
         r_type = 0.1
     if title_score == 0.0:
         r_type = 0.0
-    return {"r_type": r_type, "query_match": query_match, "category_match": category_match,
-            "title_score": title_score}
+    return {"r_type": r_type, "query_match": query_match, "category_match": category_match, "title_score": title_score}
 
 
 def _in_product_text(needle: str, product: Mapping[str, Any]) -> bool:
     """The fallback test: ``needle`` is a substring of the lowercased title, bullets or description."""
-    return (needle in product["Title"].lower()
-            or needle in " ".join(product["BulletPoints"]).lower()
-            or needle in product["Description"].lower())
+    return (
+        needle in product["Title"].lower()
+        or needle in " ".join(product["BulletPoints"]).lower()
+        or needle in product["Description"].lower()
+    )
 
 
 def attribute_reward(product: Mapping[str, Any], goal: Mapping[str, Any]) -> tuple[float, int]:
@@ -276,8 +284,9 @@ def attribute_reward(product: Mapping[str, Any], goal: Mapping[str, Any]) -> tup
     return matches / len(goal_attributes), matches
 
 
-def option_reward(product: Mapping[str, Any], goal_options: Sequence[str],
-                  chosen: Mapping[str, str]) -> tuple[float | None, int]:
+def option_reward(
+    product: Mapping[str, Any], goal_options: Sequence[str], chosen: Mapping[str, str]
+) -> tuple[float | None, int]:
     """``(r_opt, n_opt)``; ``r_opt`` is None when the goal names no option.
 
     Every chosen option counts once if it matches: exactly (size), by similarity (others), or
@@ -302,8 +311,9 @@ def goal_option_values(goal: Mapping[str, Any]) -> list[str]:
     return list(options.values()) if isinstance(options, Mapping) else list(options)
 
 
-def get_reward(product: Mapping[str, Any], goal: Mapping[str, Any], price: float,
-               options: Mapping[str, str]) -> tuple[float, dict[str, Any]]:
+def get_reward(
+    product: Mapping[str, Any], goal: Mapping[str, Any], price: float, options: Mapping[str, str]
+) -> tuple[float, dict[str, Any]]:
     """The total reward and the original's verbose info for buying ``product``.
 
     Info keys: r_type, r_att, w_att, query_match, category_match, title_score, and r_option /

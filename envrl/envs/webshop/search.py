@@ -30,8 +30,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import bm25s
 import numpy as np
@@ -45,9 +46,39 @@ K1, B = 0.9, 0.4
 
 # Lucene's EnglishAnalyzer stop set (the default of StandardAnalyzer before Lucene 8).
 LUCENE_STOPWORDS = (
-    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is",
-    "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there",
-    "these", "they", "this", "to", "was", "will", "with",
+    "a",
+    "an",
+    "and",
+    "are",
+    "as",
+    "at",
+    "be",
+    "but",
+    "by",
+    "for",
+    "if",
+    "in",
+    "into",
+    "is",
+    "it",
+    "no",
+    "not",
+    "of",
+    "on",
+    "or",
+    "such",
+    "that",
+    "the",
+    "their",
+    "then",
+    "there",
+    "these",
+    "they",
+    "this",
+    "to",
+    "was",
+    "will",
+    "with",
 )
 _STOP = frozenset(LUCENE_STOPWORDS)
 _WORD = re.compile(r"\w+")
@@ -82,8 +113,7 @@ def analyze(text: str) -> list[str]:
 
 def document_text(product: Mapping[str, Any]) -> str:
     """What the original's index holds for a product (lowercased)."""
-    option_text = ", and ".join(f"{name}: {', '.join(values)}"
-                                for name, values in product.get("options", {}).items())
+    option_text = ", and ".join(f"{name}: {', '.join(values)}" for name, values in product.get("options", {}).items())
     bullets = product.get("BulletPoints") or [""]
     return " ".join([product["Title"], product["Description"], bullets[0], option_text]).lower()
 
@@ -96,8 +126,13 @@ class SearchIndex:
         self.retriever = retriever
 
     @classmethod
-    def build(cls, products: Sequence[Mapping[str, Any]], *, use_cache: bool | None = None,
-              cache_dir: str | os.PathLike | None = None) -> "SearchIndex":
+    def build(
+        cls,
+        products: Sequence[Mapping[str, Any]],
+        *,
+        use_cache: bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> SearchIndex:
         asins = [p["asin"] for p in products]
         texts = [document_text(p) for p in products]
         if use_cache is None:
@@ -160,8 +195,7 @@ def _index(texts: Sequence[str]) -> bm25s.BM25:
 
 
 def _key(asins: Sequence[str], texts: Sequence[str]) -> str:
-    h = hashlib.sha256(json.dumps({"version": INDEX_VERSION, "k1": K1, "b": B,
-                                   "bm25s": bm25s.__version__}).encode())
+    h = hashlib.sha256(json.dumps({"version": INDEX_VERSION, "k1": K1, "b": B, "bm25s": bm25s.__version__}).encode())
     for asin, text in zip(asins, texts):
         h.update(asin.encode("utf-8") + b"\x00" + text.encode("utf-8") + b"\x01")
     return h.hexdigest()[:24]

@@ -217,8 +217,12 @@ def gunicorn_settings(options: ServeOptions, banner: str = "") -> dict[str, Any]
 
     def when_ready(server: Any) -> None:
         for listener in server.LISTENERS:
-            server.log.info("envrl webshop: %s; serving at http://%s (%d gevent workers)",
-                            banner, _address(listener), options.workers)
+            server.log.info(
+                "envrl webshop: %s; serving at http://%s (%d gevent workers)",
+                banner,
+                _address(listener),
+                options.workers,
+            )
 
     return {
         "bind": [options.bind],
@@ -282,5 +286,15 @@ def serve(options: ServeOptions) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "HEADER_TIMEOUT", "ServeOptions", "build_site", "default_port",
-           "default_workers", "gunicorn_settings", "serve", "worker_class"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "HEADER_TIMEOUT",
+    "ServeOptions",
+    "build_site",
+    "default_port",
+    "default_workers",
+    "gunicorn_settings",
+    "serve",
+    "worker_class",
+]

@@ -130,14 +130,19 @@ def results_url(session_id: str, keywords: list[str], page: int) -> str:
 
 
 def item_url(session_id: str, asin: str, keywords: list[str], page: int, options: dict[str, str]) -> str:
-    return (f"/item_page/{_segment(session_id)}/{_segment(asin)}/{_keywords_param(keywords)}/{page}/"
-            f"{_options_param(options)}")
+    return (
+        f"/item_page/{_segment(session_id)}/{_segment(asin)}/{_keywords_param(keywords)}/{page}/"
+        f"{_options_param(options)}"
+    )
 
 
-def item_sub_url(session_id: str, asin: str, keywords: list[str], page: int, sub_page: str,
-                 options: dict[str, str]) -> str:
-    return (f"/item_sub_page/{_segment(session_id)}/{_segment(asin)}/{_keywords_param(keywords)}/{page}/"
-            f"{_segment(sub_page)}/{_options_param(options)}")
+def item_sub_url(
+    session_id: str, asin: str, keywords: list[str], page: int, sub_page: str, options: dict[str, str]
+) -> str:
+    return (
+        f"/item_sub_page/{_segment(session_id)}/{_segment(asin)}/{_keywords_param(keywords)}/{page}/"
+        f"{_segment(sub_page)}/{_options_param(options)}"
+    )
 
 
 def done_url(session_id: str, asin: str, options: dict[str, str]) -> str:
@@ -254,8 +259,9 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _option_groups(session_id: str, asin: str, keywords: list[str], page: int,
-                   product: dict[str, Any], chosen: dict[str, str]) -> list[dict[str, Any]]:
+def _option_groups(
+    session_id: str, asin: str, keywords: list[str], page: int, product: dict[str, Any], chosen: dict[str, str]
+) -> list[dict[str, Any]]:
     groups = []
     for name, values in (product.get("options") or {}).items():
         choices = []
@@ -263,8 +269,13 @@ def _option_groups(session_id: str, asin: str, keywords: list[str], page: int,
             updated = dict(chosen)
             updated[name] = value
             updated = {key: updated[key] for key in product["options"] if key in updated}
-            choices.append({"value": value, "selected": chosen.get(name) == value,
-                            "url": item_url(session_id, asin, keywords, page, updated)})
+            choices.append(
+                {
+                    "value": value,
+                    "selected": chosen.get(name) == value,
+                    "url": item_url(session_id, asin, keywords, page, updated),
+                }
+            )
         groups.append({"name": name, "choices": choices})
     return groups
 
@@ -274,8 +285,12 @@ def _option_groups(session_id: str, asin: str, keywords: list[str], page: int,
 
 def create_app(store: WebShopStore | None = None) -> Flask:
     """The WebShop site on ``store`` (None: ``load_store()`` on the first request)."""
-    app = Flask(__name__, template_folder=str(PACKAGE_DIR / "templates"),
-                static_folder=str(PACKAGE_DIR / "static"), static_url_path="/static")
+    app = Flask(
+        __name__,
+        template_folder=str(PACKAGE_DIR / "templates"),
+        static_folder=str(PACKAGE_DIR / "static"),
+        static_url_path="/static",
+    )
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.url_map.merge_slashes = False  # "//" inside keywords is data, not a typo to redirect
     app.jinja_env.trim_blocks = True
@@ -296,8 +311,13 @@ def create_app(store: WebShopStore | None = None) -> Flask:
         return holder["store"]
 
     def goal_of(session_id: str) -> tuple[int, dict[str, Any]]:
-        if (not session_id or len(session_id) > MAX_SESSION_CHARS or session_id in (".", "..")
-                or _has_bad_characters(session_id) or any(unicodedata.category(ch) == "Cc" for ch in session_id)):
+        if (
+            not session_id
+            or len(session_id) > MAX_SESSION_CHARS
+            or session_id in (".", "..")
+            or _has_bad_characters(session_id)
+            or any(unicodedata.category(ch) == "Cc" for ch in session_id)
+        ):
             _refuse(400, "invalid session id")
         shop = the_store()
         try:
@@ -340,8 +360,12 @@ def create_app(store: WebShopStore | None = None) -> Flask:
                 _refuse(400, "the search query is empty")
             keywords = query.lower().split(" ")
             return redirect(results_url(session_id, keywords, 1), code=302)
-        return render_template("search.html", instruction=goal["instruction_text"],
-                               search_action=search_url(session_id), home_url=search_url(session_id))
+        return render_template(
+            "search.html",
+            instruction=goal["instruction_text"],
+            search_action=search_url(session_id),
+            home_url=search_url(session_id),
+        )
 
     @app.route("/search_results/<session_id>/<path:keywords>/<page>", methods=["GET", "POST"])
     def search_results(session_id: str, keywords: str, page: str) -> Any:
@@ -352,14 +376,26 @@ def create_app(store: WebShopStore | None = None) -> Flask:
         hits = the_store().search(" ".join(words))[:SEARCH_RETURN_N]
         total = len(hits)
         number = parse_page_number(page, max(1, math.ceil(total / PRODUCT_WINDOW)))
-        shown = hits[(number - 1) * PRODUCT_WINDOW:number * PRODUCT_WINDOW]
-        items = [{"asin": p["asin"], "title": p.get("Title", p.get("name", "")), "price": p.get("Price", ""),
-                  "url": item_url(session_id, p["asin"], words, number, {})} for p in shown]
+        shown = hits[(number - 1) * PRODUCT_WINDOW : number * PRODUCT_WINDOW]
+        items = [
+            {
+                "asin": p["asin"],
+                "title": p.get("Title", p.get("name", "")),
+                "price": p.get("Price", ""),
+                "url": item_url(session_id, p["asin"], words, number, {}),
+            }
+            for p in shown
+        ]
         return render_template(
-            "results.html", instruction=goal["instruction_text"], home_url=search_url(session_id),
-            page=number, total=total, items=items,
+            "results.html",
+            instruction=goal["instruction_text"],
+            home_url=search_url(session_id),
+            page=number,
+            total=total,
+            items=items,
             prev_url=results_url(session_id, words, number - 1) if number > 1 else None,
-            next_url=results_url(session_id, words, number + 1) if number * PRODUCT_WINDOW < total else None)
+            next_url=results_url(session_id, words, number + 1) if number * PRODUCT_WINDOW < total else None,
+        )
 
     @app.route("/item_page/<session_id>/<asin>/<path:keywords>/<page>/<options>", methods=["GET", "POST"])
     def item_page(session_id: str, asin: str, keywords: str, page: str, options: str) -> Any:
@@ -369,16 +405,21 @@ def create_app(store: WebShopStore | None = None) -> Flask:
         number = parse_page_number(page, MAX_RESULT_PAGES)
         chosen = parse_options(options, product)
         return render_template(
-            "item.html", instruction=goal["instruction_text"], home_url=search_url(session_id),
-            product=product, asin=asin, options_json=json.dumps(chosen, ensure_ascii=False),
+            "item.html",
+            instruction=goal["instruction_text"],
+            home_url=search_url(session_id),
+            product=product,
+            asin=asin,
+            options_json=json.dumps(chosen, ensure_ascii=False),
             back_url=results_url(session_id, words, number),
             groups=_option_groups(session_id, asin, words, number, product, chosen),
-            sub_pages=[(name, item_sub_url(session_id, asin, words, number, name, chosen))
-                       for name in SUB_PAGES[:3]],
-            buy_url=done_url(session_id, asin, chosen))
+            sub_pages=[(name, item_sub_url(session_id, asin, words, number, name, chosen)) for name in SUB_PAGES[:3]],
+            buy_url=done_url(session_id, asin, chosen),
+        )
 
-    @app.route("/item_sub_page/<session_id>/<asin>/<path:keywords>/<page>/<sub_page>/<options>",
-               methods=["GET", "POST"])
+    @app.route(
+        "/item_sub_page/<session_id>/<asin>/<path:keywords>/<page>/<sub_page>/<options>", methods=["GET", "POST"]
+    )
     def item_sub_page(session_id: str, asin: str, keywords: str, page: str, sub_page: str, options: str) -> Any:
         _, goal = goal_of(session_id)
         product = product_of(asin)
@@ -388,9 +429,15 @@ def create_app(store: WebShopStore | None = None) -> Flask:
             _refuse(404, f"no such sub-page (one of {', '.join(SUB_PAGES)})")
         chosen = parse_options(options, product)
         return render_template(
-            "item_sub.html", instruction=goal["instruction_text"], home_url=search_url(session_id),
-            product=product, asin=asin, sub_page=sub_page, options_json=json.dumps(chosen, ensure_ascii=False),
-            back_url=item_url(session_id, asin, words, number, chosen))
+            "item_sub.html",
+            instruction=goal["instruction_text"],
+            home_url=search_url(session_id),
+            product=product,
+            asin=asin,
+            sub_page=sub_page,
+            options_json=json.dumps(chosen, ensure_ascii=False),
+            back_url=item_url(session_id, asin, words, number, chosen),
+        )
 
     @app.route("/done/<session_id>/<asin>/<options>", methods=["GET", "POST"])
     def done(session_id: str, asin: str, options: str) -> Any:
@@ -399,17 +446,42 @@ def create_app(store: WebShopStore | None = None) -> Flask:
         chosen = parse_options(options, product)
         reward, info = the_store().reward(goal_index, asin, chosen)
         reward = float(reward)
-        payload = {"session_id": session_id, "goal_index": goal_index, "instruction": goal["instruction_text"],
-                   "asin": asin, "options": chosen, "reward": reward, "reward_info": _jsonable(info)}
+        payload = {
+            "session_id": session_id,
+            "goal_index": goal_index,
+            "instruction": goal["instruction_text"],
+            "asin": asin,
+            "options": chosen,
+            "reward": reward,
+            "reward_info": _jsonable(info),
+        }
         return render_template(
-            "done.html", instruction=goal["instruction_text"], goal_index=goal_index, asin=asin,
-            options_json=json.dumps(chosen, ensure_ascii=False), reward=reward, payload=payload)
+            "done.html",
+            instruction=goal["instruction_text"],
+            goal_index=goal_index,
+            asin=asin,
+            options_json=json.dumps(chosen, ensure_ascii=False),
+            reward=reward,
+            payload=payload,
+        )
 
     return app
 
 
 __all__ = [
-    "BACK_TO_SEARCH", "END_BUTTON", "NEXT_PAGE", "PREV_PAGE", "PRODUCT_WINDOW", "SEARCH_RETURN_N", "SUB_PAGES",
-    "create_app", "done_url", "item_sub_url", "item_url", "parse_keywords", "parse_options", "results_url",
+    "BACK_TO_SEARCH",
+    "END_BUTTON",
+    "NEXT_PAGE",
+    "PREV_PAGE",
+    "PRODUCT_WINDOW",
+    "SEARCH_RETURN_N",
+    "SUB_PAGES",
+    "create_app",
+    "done_url",
+    "item_sub_url",
+    "item_url",
+    "parse_keywords",
+    "parse_options",
+    "results_url",
     "search_url",
 ]

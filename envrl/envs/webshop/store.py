@@ -24,7 +24,9 @@ import re
 import threading
 from pathlib import Path
 
-from envrl.envs.webshop import builtin, catalog, goals as goals_mod, reward as reward_mod
+from envrl.envs.webshop import builtin, catalog
+from envrl.envs.webshop import goals as goals_mod
+from envrl.envs.webshop import reward as reward_mod
 from envrl.envs.webshop.goals import SPLITS
 from envrl.envs.webshop.search import SEARCH_RETURN_N, SearchIndex
 
@@ -55,8 +57,10 @@ class WebShopStore:
         self._train_weights = [goals[i]["weight"] for i in self._splits["train"]]
 
     def __repr__(self) -> str:
-        return (f"WebShopStore(source={self.source!r}, products={len(self.products)}, "
-                f"goals={len(self.goals)}, human_goals={self.human_goals})")
+        return (
+            f"WebShopStore(source={self.source!r}, products={len(self.products)}, "
+            f"goals={len(self.goals)}, human_goals={self.human_goals})"
+        )
 
     def split_goals(self, split: str) -> list[int]:
         """Goal indices of ``split`` (one of ``SPLITS``), in order."""
@@ -89,8 +93,7 @@ class WebShopStore:
         if session_id.startswith("fixed_"):
             match = _FIXED.fullmatch(session_id)
             if match is None or int(match.group(1)) >= len(self.goals):
-                raise ValueError(f"session {session_id!r}: expected fixed_<i> with 0 <= i < "
-                                 f"{len(self.goals)}")
+                raise ValueError(f"session {session_id!r}: expected fixed_<i> with 0 <= i < {len(self.goals)}")
             return int(match.group(1))
         pool = self._splits["train"] or list(range(len(self.goals)))
         weights = self._train_weights if self._splits["train"] else [g["weight"] for g in self.goals]
@@ -125,12 +128,12 @@ def _build(key: tuple) -> WebShopStore:
         cat = catalog.load_builtin_catalog(n)
         cap = goals_mod.BUILTIN_MAX_GOALS_PER_PRODUCT
     with catalog.no_gc():
-        goal_list = goals_mod.build_goals(cat.products, cat.prices, human=cat.human_goals,
-                                          max_per_product=cap)
+        goal_list = goals_mod.build_goals(cat.products, cat.prices, human=cat.human_goals, max_per_product=cap)
     if not goal_list:
         raise catalog.WebShopDataError(
             f"the WebShop catalog ({cat.source}, {len(cat.products)} products) yields no goals: "
-            "no product has an instruction with attributes")
+            "no product has an instruction with attributes"
+        )
     index = SearchIndex.build(cat.products)
     return WebShopStore(cat, goal_list, index)
 
