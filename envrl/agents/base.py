@@ -9,7 +9,7 @@ checks for a concrete class, so a training policy batches the same way as an LLM
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 
 @runtime_checkable
@@ -44,7 +44,7 @@ class BatchedAgent(Agent, Protocol):
         """One action per agent, chosen in one go."""
 
 
-def is_batched(agent: Any) -> bool:
+def is_batched(agent: Any) -> TypeGuard[BatchedAgent]:
     """Whether ``agent`` acts in batches (follows :class:`BatchedAgent`)."""
     return callable(getattr(agent, "act_together", None))
 
@@ -53,19 +53,15 @@ def act_batch(agents: Sequence[Agent], observations: Sequence[str], infos: Seque
     """One action per env: batched agents of one type answer together in one
     ``act_together`` call (see :class:`BatchedAgent`); other agents act one by one."""
     actions: list[str] = [""] * len(agents)
-    groups: dict[type, list[int]] = {}
+    groups: dict[type, list[tuple[int, BatchedAgent]]] = {}
     for i, agent in enumerate(agents):
         if is_batched(agent):
-            groups.setdefault(type(agent), []).append(i)
+            groups.setdefault(type(agent), []).append((i, agent))
         else:
             actions[i] = agent.act(observations[i], infos[i])
     for members in groups.values():
-        batch = [agents[i] for i in members]
-        together = batch[0].act_together(
-            batch,
-            [observations[i] for i in members],  # type: ignore[attr-defined]
-            [infos[i] for i in members],
-        )
-        for i, action in zip(members, together):
+        batch = [agent for _, agent in members]
+        together = batch[0].act_together(batch, [observations[i] for i, _ in members], [infos[i] for i, _ in members])
+        for (i, _), action in zip(members, together):
             actions[i] = action
     return actions

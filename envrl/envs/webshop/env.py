@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 from rapidfuzz import fuzz
 from rapidfuzz.utils import default_process
 
@@ -113,7 +114,8 @@ class WebShopEnv(TextEnv):
         self._task_ids = [f"fixed_{i}" for i in self.store.split_goals(split)]
         self._task_set = frozenset(self._task_ids)
         self._local_server: LocalServer | None = None
-        self._transport = self._connect(server_url)
+        # None once closed (unset if _connect raised; _close_engine copes with both)
+        self._transport: Transport | None = self._connect(server_url)
         self._page: Page | None = None
         self._visited: list[str] = []
         self._goal_index = -1
@@ -123,11 +125,26 @@ class WebShopEnv(TextEnv):
         if self.mode == "inprocess":
             return InProcessTransport(_site_for(self.store))
         if self.mode == "http":
+            if server_url is None:  # __init__ already refused this; narrows the type
+                raise ValueError("mode='http' needs server_url='http://host:port'")
             return HTTPTransport(server_url)
         if server_url is None:
             self._local_server = LocalServer(_site_for(self.store))
             server_url = self._local_server.url
         return BrowserTransport(server_url)
+
+    @property
+    def page(self) -> Page:
+        """The page the agent is on; there is none before the first :meth:`reset`."""
+        if self._page is None:
+            raise gym.error.ResetNeeded("Call reset() before reading the page.")
+        return self._page
+
+    def _live_transport(self) -> Transport:
+        """The open transport (reset/step check that the env is open before reaching here)."""
+        if self._transport is None:
+            raise gym.error.ClosedEnvironmentError(f"{type(self).__name__} was closed; make a new env to play again")
+        return self._transport
 
     # ---- TextEnv hooks -------------------------------------------------------------------
 
@@ -142,37 +159,64 @@ class WebShopEnv(TextEnv):
         goal = self.store.goals[self._goal_index]
         self._visited = []
         self._expert_options = None
-        self._show(self._transport.open(f"/{task_id}"))
-        return TaskStart(observation=self._observation(), task_type=str(goal.get("category", "")),
-                         instruction=self._page.instruction, admissible_actions=self._admissible(),
-                         extra=self._extra())
+        self._show(self._live_transport().open(f"/{task_id}"))
+        return TaskStart(
+            observation=self._observation(),
+            task_type=str(goal.get("category", "")),
+            instruction=self.page.instruction,
+            admissible_actions=self._admissible(),
+            extra=self._extra(),
+        )
 
     def _apply(self, action: str) -> StepResult:
         problem = self._problem_with(action)
         if problem is not None:
-            return StepResult(observation=f"Invalid action: {problem}", reward=0.0, terminated=False,
-                              valid_action=False, success=False, score=0.0,
-                              admissible_actions=self._admissible(), extra=self._extra())
+            return StepResult(
+                observation=f"Invalid action: {problem}",
+                reward=0.0,
+                terminated=False,
+                valid_action=False,
+                success=False,
+                score=0.0,
+                admissible_actions=self._admissible(),
+                extra=self._extra(),
+            )
         verb, argument = self._parse(action)
-        page = self._page
+        page, transport = self.page, self._live_transport()
         if verb == "search":
-            fetched = self._transport.search(page, argument)
+            fetched = transport.search(page, argument)
         else:
             clickable = page.clickables[argument]
             if clickable.kind == "product":
                 self._visited.append(argument)
-            fetched = self._transport.click(page, clickable)
+            fetched = transport.click(page, clickable)
         self._show(fetched)
-        if self._page.kind == "done":
-            reward = float(self._page.reward or 0.0)
+        page = self.page
+        if page.kind == "done":
+            reward = float(page.reward or 0.0)
             # The paper's formula counts every chosen option that matches, so a purchase with
             # more options than the goal names can exceed 1: the reward stays exact, the score
             # (in [0, 1] by contract) is clipped, and success is reaching 1.
-            return StepResult(observation=self._observation(), reward=reward, terminated=True, valid_action=True,
-                              success=reward >= 1.0, score=min(reward, 1.0), admissible_actions=[],
-                              extra={**self._extra(), "reward_info": self._page.reward_info or {}})
-        return StepResult(observation=self._observation(), reward=0.0, terminated=False, valid_action=True,
-                          success=False, score=0.0, admissible_actions=self._admissible(), extra=self._extra())
+            return StepResult(
+                observation=self._observation(),
+                reward=reward,
+                terminated=True,
+                valid_action=True,
+                success=reward >= 1.0,
+                score=min(reward, 1.0),
+                admissible_actions=[],
+                extra={**self._extra(), "reward_info": page.reward_info or {}},
+            )
+        return StepResult(
+            observation=self._observation(),
+            reward=0.0,
+            terminated=False,
+            valid_action=True,
+            success=False,
+            score=0.0,
+            admissible_actions=self._admissible(),
+            extra=self._extra(),
+        )
 
     # ---- pages and actions -------------------------------------------------------------------
 
@@ -180,7 +224,7 @@ class WebShopEnv(TextEnv):
         self._page = parse_page(fetched.html, fetched.url)
 
     def _observation(self) -> str:
-        return render_observation(self._page, self.observation_mode, visited_asins=self._visited)
+        return render_observation(self.page, self.observation_mode, visited_asins=self._visited)
 
     @staticmethod
     def _parse(action: str) -> tuple[str, str]:
@@ -191,7 +235,7 @@ class WebShopEnv(TextEnv):
 
     def _problem_with(self, action: str) -> str | None:
         verb, argument = self._parse(action)
-        page = self._page
+        page = self.page
         if verb == "search":
             if not page.has_search_bar:
                 return "there is no search bar on this page (click[back to search] first)."
@@ -211,13 +255,13 @@ class WebShopEnv(TextEnv):
         return "write search[keywords] or click[an item on the page]."
 
     def _admissible(self) -> list[str]:
-        page = self._page
+        page = self.page
         actions = ["search[<query>]"] if page.has_search_bar else []
         actions += [f"click[{text}]" for text in page.clickables if not (text == "search" and page.has_search_bar)]
         return actions
 
     def _extra(self) -> dict[str, Any]:
-        page = self._page
+        page = self.page
         extra: dict[str, Any] = {
             "url": page.url,
             "page": page.kind,
@@ -237,7 +281,7 @@ class WebShopEnv(TextEnv):
         the goal's own option values (:meth:`_best_options`), and buys. From any other
         page it goes back one step, so it recovers when an agent following it is sent astray.
         """
-        page = self._page
+        page = self.page
         goal = self.store.goals[self._goal_index]
         asin = str(goal["asin"])
         options = self._best_options()
@@ -273,8 +317,9 @@ class WebShopEnv(TextEnv):
             def score(chosen: dict[str, str]) -> float:
                 return min(1.0, self.store.reward(goal_index, asin, chosen)[0])
 
-            self._expert_options = choose_goal_options(self.store.by_asin[asin].get("options") or {},
-                                                       goal["goal_options"], score)
+            self._expert_options = choose_goal_options(
+                self.store.by_asin[asin].get("options") or {}, goal["goal_options"], score
+            )
         return self._expert_options
 
     def _close_engine(self) -> None:
@@ -368,8 +413,11 @@ def _break_ties(ties: list[tuple[str, tuple[str, ...]]], score: Callable[[dict[s
     return choice
 
 
-def choose_goal_options(groups: Mapping[str, Sequence[str]], goal_options: Mapping[str, str] | Sequence[str],
-                        score: Callable[[dict[str, str]], float]) -> dict[str, str]:
+def choose_goal_options(
+    groups: Mapping[str, Sequence[str]],
+    goal_options: Mapping[str, str] | Sequence[str],
+    score: Callable[[dict[str, str]], float],
+) -> dict[str, str]:
     """The option values to click for a goal, in the product's (page) order.
 
     Each goal option gets its own value where the product offers it (case and spacing aside),

@@ -43,8 +43,9 @@ CLICKABLE_KINDS = ("button", "product", "option")
 #: text inside these elements is never shown (the original's ``tag_visible``)
 _INVISIBLE_PARENTS = frozenset({"style", "script", "head", "title", "meta", "[document]", "noscript", "template"})
 #: elements that never have content (and so never hold text)
-_VOID_ELEMENTS = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
-                            "source", "track", "wbr"})
+_VOID_ELEMENTS = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"}
+)
 
 
 @dataclass(frozen=True)
@@ -194,9 +195,12 @@ def parse_page(html: str, url: str) -> Page:
         if not text or element_kind not in CLICKABLE_KINDS:
             continue
         # a later element with the same text replaces an earlier one, keeping its place (as the original's dict)
-        clickables[text] = Clickable(text=text, href=element.attrs.get("href", ""),
-                                     selector=f"[data-clickable={_css_string(element.attrs['data-clickable'])}]",
-                                     kind=element_kind)
+        clickables[text] = Clickable(
+            text=text,
+            href=element.attrs.get("href", ""),
+            selector=f"[data-clickable={_css_string(element.attrs['data-clickable'])}]",
+            kind=element_kind,
+        )
 
     marker = reader.marked.get("instruction")
     instruction = _clean("".join(marker.parts or ())) if marker is not None else ""
@@ -221,10 +225,20 @@ def parse_page(html: str, url: str) -> Page:
             options = {str(k): str(v) for k, v in value.items()}
 
     texts = tuple(_text_node(text, owner) for text, owner in reader.texts)
-    return Page(url=url, html=html, kind=kind, has_search_bar=reader.has_search_bar,
-                search_action=reader.search_action, clickables=clickables, instruction=instruction,
-                reward=reward, reward_info=reward_info, asin=body.get("data-asin") or None, options=options,
-                texts=texts)
+    return Page(
+        url=url,
+        html=html,
+        kind=kind,
+        has_search_bar=reader.has_search_bar,
+        search_action=reader.search_action,
+        clickables=clickables,
+        instruction=instruction,
+        reward=reward,
+        reward_info=reward_info,
+        asin=body.get("data-asin") or None,
+        options=options,
+        texts=texts,
+    )
 
 
 def _text_node(text: str, owner: _Element | None) -> tuple[str, str, bool]:
@@ -266,5 +280,12 @@ def render_observation(page: Page, mode: str, visited_asins: Collection[str] = (
     return observation
 
 
-__all__ = ["CLICKABLE_KINDS", "OBSERVATION_MODES", "PAGE_KINDS", "Clickable", "Page", "parse_page",
-           "render_observation"]
+__all__ = [
+    "CLICKABLE_KINDS",
+    "OBSERVATION_MODES",
+    "PAGE_KINDS",
+    "Clickable",
+    "Page",
+    "parse_page",
+    "render_observation",
+]

@@ -73,7 +73,8 @@ class InProcessTransport(Transport):
         if response.status_code >= 400:
             raise WebShopConnectionError(
                 f"the site answered {response.status_code} for {response.request.path}: "
-                f"{response.get_data(as_text=True)[:200]}")
+                f"{response.get_data(as_text=True)[:200]}"
+            )
         request = response.request
         query = request.query_string.decode()
         return Fetched(request.path + (f"?{query}" if query else ""), response.get_data(as_text=True))
@@ -109,7 +110,8 @@ class HTTPTransport(Transport):
             raise WebShopConnectionError(f"cannot reach the WebShop server at {self.base_url}: {exc}") from exc
         if response.status_code >= 400:
             raise WebShopConnectionError(
-                f"the WebShop server answered {response.status_code} for {path}: {response.text[:200]}")
+                f"the WebShop server answered {response.status_code} for {path}: {response.text[:200]}"
+            )
         response.encoding = "utf-8"
         return Fetched(_path_of(response.url), response.text)
 
@@ -164,7 +166,8 @@ class BrowserTransport(Transport):
             shutil.rmtree(self._profile, ignore_errors=True)
             raise WebShopConnectionError(
                 "mode='browser' needs Chromium and chromedriver on PATH "
-                "(Debian: apt-get install chromium chromium-driver)")
+                "(Debian: apt-get install chromium chromium-driver)"
+            )
         try:
             self._driver = webdriver.Chrome(options=options, service=Service(driver_path))
         except Exception as exc:
@@ -181,7 +184,8 @@ class BrowserTransport(Transport):
 
         WebDriverWait(self._driver, self.timeout).until(expected_conditions.staleness_of(before))
         WebDriverWait(self._driver, self.timeout).until(
-            lambda driver: driver.execute_script("return document.readyState") == "complete")
+            lambda driver: driver.execute_script("return document.readyState") == "complete"
+        )
 
     def open(self, path: str) -> Fetched:
         try:
