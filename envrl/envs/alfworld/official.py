@@ -9,6 +9,11 @@ whose folder names contain ``movable`` or ``Sliced`` are skipped, as are games w
 ``solvable`` key or marked unsolvable. ALFWorld only looks at folders with ``traj_data.json``;
 envrl also accepts folders with ``game.tw-pddl`` alone (the task type then comes from the
 folder name), which is how the training games are often shipped.
+
+Order. The release's folders sort by task type, so a prefix of the sorted list (``--episodes
+25``) would hold one or two task types only. Task ids therefore come round-robin over the task
+types (in ``TASK_TYPES`` order, each type's games sorted by path), like ScienceWorld's: every
+prefix holds each type about equally often, and the order is the same on every machine.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import urllib.error
 import urllib.request
 import warnings
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 from envrl.envs.alfworld.tasks import TASK_TYPES, task_type_of
@@ -67,7 +74,7 @@ def data_root(path: str | os.PathLike | None = None) -> Path | None:
 
 
 def official_games(root: Path, split: str) -> list[OfficialGame]:
-    """The split's playable games in a fixed order (sorted by path)."""
+    """The split's playable games, round-robin over task types (see the module docstring)."""
     if split not in OFFICIAL_SPLITS:
         raise ValueError(f"unknown official ALFWorld split {split!r}; choose one of {OFFICIAL_SPLITS}")
     split_dir = root / split
@@ -105,7 +112,20 @@ def official_games(root: Path, split: str) -> list[OfficialGame]:
         )
     if not games:
         raise OfficialDataError(f"no playable games in {split_dir}: the official data in {root} looks corrupt")
-    return games
+    return interleave_task_types(games)
+
+
+def interleave_task_types(games: Sequence[OfficialGame]) -> list[OfficialGame]:
+    """``games`` reordered round-robin over their task types, keeping each type's own order.
+
+    The first game of every type (in ``TASK_TYPES`` order), then the second of every type, and
+    so on; a type that runs out is skipped. So any prefix is as balanced as the split allows.
+    """
+    by_type: dict[str, list[OfficialGame]] = {task_type: [] for task_type in TASK_TYPES}
+    for game in games:
+        by_type[game.task_type].append(game)
+    rows = zip_longest(*by_type.values())
+    return [game for row in rows for game in row if game is not None]
 
 
 def _task_type(trial_dir: Path, traj_file: Path) -> str:
