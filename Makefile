@@ -15,7 +15,7 @@ else
 MARKERS ?= not slow and not browser and not container
 endif
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 install: $(STAMP)
 
@@ -49,6 +49,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "$(MARKERS)"
+
+# Lint and format (ruff) and types (mypy), configured in pyproject.toml; .ci/run runs it first.
+lint: $(STAMP)
+	$(BIN)/ruff check envrl tests benchmarks
+	$(BIN)/ruff format --check envrl tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

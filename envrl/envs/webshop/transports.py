@@ -59,8 +59,8 @@ class Transport(ABC):
     def click(self, page: Page, clickable: Clickable) -> Fetched:
         """Follow ``clickable`` on ``page``."""
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - a no-op on purpose: most transports hold nothing to free
+        """Free what the transport holds (a connection pool, a browser)."""
 
 
 class InProcessTransport(Transport):
