@@ -17,6 +17,8 @@ from textworld.envs.pddl import logic as stock_logic
 
 import envrl  # noqa: F401  (registers envrl/ALFWorld-v0)
 from envrl.envs.alfworld import engine as engine_lib
+from envrl.envs.alfworld import grammar as grammar_lib
+from envrl.envs.alfworld import translations
 
 PROBES = ["look", "inventory", "go to the moon", "", "examine nothing"]
 INFOS = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
@@ -72,7 +74,7 @@ def test_cold_warm_and_disk_resets_equal_stock(small_games, tmp_path, translator
     assert all(trace[-1][2] for trace in expected.values()), "walkthroughs must win"
     translator_calls.clear()
 
-    cache = engine_lib.TranslationCache(tmp_path)
+    cache = translations.TranslationCache(tmp_path)
     fast = engine_lib.start_engine(INFOS, translations=cache)
     for game in small_games:
         assert _play(fast, game) == expected[game]  # cold: translated now
@@ -82,7 +84,7 @@ def test_cold_warm_and_disk_resets_equal_stock(small_games, tmp_path, translator
     assert translator_calls == Counter(plain=len(small_games)), "one plain translation per game, no planner"
     assert cache.stats["translations"] == len(small_games)
 
-    from_disk = engine_lib.TranslationCache(tmp_path)  # a new process: nothing in memory
+    from_disk = translations.TranslationCache(tmp_path)  # a new process: nothing in memory
     fresh = engine_lib.start_engine(INFOS, translations=from_disk)
     for game in small_games:
         assert _play(fresh, game) == expected[game]
@@ -95,7 +97,7 @@ def test_planner_is_translated_lazily_and_plans_as_stock(small_games, tmp_path, 
     infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=True)
     stock, fast = (
         engine_lib.start_engine(infos, stock=True),
-        engine_lib.start_engine(infos, translations=engine_lib.TranslationCache(tmp_path)),
+        engine_lib.start_engine(infos, translations=translations.TranslationCache(tmp_path)),
     )
     walkthrough = json.loads(game.read_text())["walkthrough"]
     plans = []
@@ -123,7 +125,7 @@ def test_env_translates_each_game_once_and_the_planner_only_off_the_walkthrough(
 ):
     monkeypatch.setenv("ALFWORLD_DATA", str(official_alfworld))
     monkeypatch.setenv("ENVRL_CACHE", str(tmp_path))
-    monkeypatch.setattr(engine_lib, "_DEFAULT_CACHE", None)  # a fresh process-wide cache
+    monkeypatch.setattr(translations, "_DEFAULT_CACHE", None)  # a fresh process-wide cache
     env = gym.make("envrl/ALFWorld-v0", split="valid_seen", expert_plan=True)
     first, second = env.unwrapped.task_ids[:2]
     openings = set()
@@ -148,7 +150,7 @@ def test_grammar_parse_equals_textworlds(small_games):
             '# a comment with a " quote: cutting this file into parts is unsafe\n' + data["grammar"],
         ]
         for grammar in grammars:
-            ours = engine_lib.game_logic(data["pddl_domain"], grammar)
+            ours = grammar_lib.game_logic(data["pddl_domain"], grammar)
             theirs = stock_logic.GameLogic(data["pddl_domain"], grammar)
             assert _logic_summary(ours) == _logic_summary(theirs)
 
@@ -182,29 +184,29 @@ def _damage(path: Path, how: str, other: Path) -> None:
 @pytest.mark.parametrize("how", ["truncated", "flipped", "empty", "garbage", "other_game"])
 def test_a_damaged_entry_is_rebuilt(small_games, tmp_path, translator_calls, how):
     game, other_game = (json.loads(g.read_text()) for g in small_games)
-    writer = engine_lib.TranslationCache(tmp_path)
+    writer = translations.TranslationCache(tmp_path)
     expected = writer.state(game["pddl_domain"], game["pddl_problem"]).to_json()
     writer.state(other_game["pddl_domain"], other_game["pddl_problem"])
     path = writer.entry_path("state", game["pddl_domain"], game["pddl_problem"])
     _damage(path, how, writer.entry_path("state", other_game["pddl_domain"], other_game["pddl_problem"]))
     translator_calls.clear()
 
-    reader = engine_lib.TranslationCache(tmp_path)
+    reader = translations.TranslationCache(tmp_path)
     rebuilt = reader.state(game["pddl_domain"], game["pddl_problem"])
     assert rebuilt.to_json() == expected
     assert reader.stats["corrupt"] == 1 and translator_calls == Counter(plain=1)
-    key = engine_lib.translation_key(game["pddl_domain"], game["pddl_problem"])
-    assert engine_lib.decode_entry(path.read_bytes(), "state", key).to_json() == expected, "rewritten intact"
+    key = translations.translation_key(game["pddl_domain"], game["pddl_problem"])
+    assert translations.decode_entry(path.read_bytes(), "state", key).to_json() == expected, "rewritten intact"
 
 
 def test_a_damaged_entry_still_plays_the_stock_game(small_games, tmp_path):
     game = small_games[0]
     expected = _play(engine_lib.start_engine(INFOS, stock=True), game)
     data = json.loads(game.read_text())
-    cache = engine_lib.TranslationCache(tmp_path)
+    cache = translations.TranslationCache(tmp_path)
     assert _play(engine_lib.start_engine(INFOS, translations=cache), game) == expected
     _damage(cache.entry_path("state", data["pddl_domain"], data["pddl_problem"]), "flipped", Path())
-    reader = engine_lib.TranslationCache(tmp_path)
+    reader = translations.TranslationCache(tmp_path)
     assert _play(engine_lib.start_engine(INFOS, translations=reader), game) == expected
     assert reader.stats["corrupt"] == 1
 
@@ -212,7 +214,7 @@ def test_a_damaged_entry_still_plays_the_stock_game(small_games, tmp_path):
 def test_an_unwritable_cache_only_costs_speed(small_games, tmp_path):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    cache = engine_lib.TranslationCache(blocker)
+    cache = translations.TranslationCache(blocker)
     env = engine_lib.start_engine(INFOS, translations=cache)
     for game in small_games:
         env.load(str(game))
@@ -222,9 +224,9 @@ def test_an_unwritable_cache_only_costs_speed(small_games, tmp_path):
 
 
 def _write_many(directory: str, key: str, sas: str, times: int) -> None:
-    cache = engine_lib.TranslationCache(directory)
+    cache = translations.TranslationCache(directory)
     for _ in range(times):
-        cache._write("planner", key, engine_lib.PlannerTranslation(sas))
+        cache._write("planner", key, translations.PlannerTranslation(sas))
 
 
 def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
@@ -233,7 +235,7 @@ def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
     writers = [context.Process(target=_write_many, args=(str(tmp_path), key, sas, 15)) for _ in range(3)]
     for writer in writers:
         writer.start()
-    reader = engine_lib.TranslationCache(tmp_path)
+    reader = translations.TranslationCache(tmp_path)
     complete = 0
     while any(writer.is_alive() for writer in writers):
         found = reader._read("planner", key)
@@ -250,23 +252,23 @@ def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
 
 
 def test_keys_follow_game_text_and_engine_versions(monkeypatch):
-    key = engine_lib.translation_key("domain", "problem")
-    assert key == engine_lib.translation_key("domain", "problem")
-    assert key != engine_lib.translation_key("domain", "problem ")
-    assert key != engine_lib.translation_key("domainp", "roblem"), "the two texts must not run together"
-    monkeypatch.setattr(engine_lib, "engine_versions", lambda: "fd0-tw0")
-    assert key != engine_lib.translation_key("domain", "problem")
+    key = translations.translation_key("domain", "problem")
+    assert key == translations.translation_key("domain", "problem")
+    assert key != translations.translation_key("domain", "problem ")
+    assert key != translations.translation_key("domainp", "roblem"), "the two texts must not run together"
+    monkeypatch.setattr(translations, "engine_versions", lambda: "fd0-tw0")
+    assert key != translations.translation_key("domain", "problem")
 
 
 def test_memory_is_a_bounded_lru(monkeypatch):
     made: Counter = Counter()
 
-    def fake_planner(domain: str, problem: str) -> engine_lib.PlannerTranslation:
+    def fake_planner(domain: str, problem: str) -> translations.PlannerTranslation:
         made[problem] += 1
-        return engine_lib.PlannerTranslation("s" * 1000)  # 2,000 bytes as the cache counts them
+        return translations.PlannerTranslation("s" * 1000)  # 2,000 bytes as the cache counts them
 
-    monkeypatch.setitem(engine_lib._KINDS, "planner", (fake_planner, engine_lib.PlannerTranslation.from_json))
-    cache = engine_lib.TranslationCache(disk=False, memory_bytes=5_000)  # room for two
+    monkeypatch.setitem(translations._KINDS, "planner", (fake_planner, translations.PlannerTranslation.from_json))
+    cache = translations.TranslationCache(disk=False, memory_bytes=5_000)  # room for two
     for problem in ["a", "b", "a", "c"]:  # "a" was used after "b": "b" is the one dropped for "c"
         cache.planner("d", problem)
     assert made == Counter(a=1, b=1, c=1)

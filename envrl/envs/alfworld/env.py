@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import textworld
 
@@ -183,8 +184,9 @@ class ALFWorldEnv(TextEnv):
             extra=extra,
         )
 
-    def _expert_actions(self, state: Any, *, fresh: bool = False, walkthrough: list[str] | None = None,
-                        taken: str | None = None) -> list[str]:
+    def _expert_actions(
+        self, state: Any, *, fresh: bool = False, walkthrough: list[str] | None = None, taken: str | None = None
+    ) -> list[str]:
         """The expert's remaining actions: follow the walkthrough, replan when the agent left it."""
         if self._won:
             return []
