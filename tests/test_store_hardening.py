@@ -223,28 +223,31 @@ def test_a_read_only_runs_directory_can_be_read(tmp_path, read_only, journal):
     assert snapshot(runs_dir) == before
 
 
+def eval_command(runs_dir: Path) -> list[str]:
+    """``python -m envrl.cli eval`` of two random-agent episodes of the fake env into ``runs_dir``."""
+    return [
+        "-m",
+        "envrl.cli",
+        "eval",
+        "--env",
+        fakes.ENV_ID,
+        "--split",
+        "train",
+        "--agent",
+        "random",
+        "--episodes",
+        "2",
+        "--no-progress",
+        "--runs-dir",
+        str(runs_dir),
+    ]
+
+
 def test_eval_into_a_read_only_runs_directory_is_one_line(tmp_path, read_only):
     runs_dir = build_store(tmp_path / "runs")
     read_only(runs_dir / "r1", runs_dir / "envrl.sqlite", runs_dir)
     before = snapshot(runs_dir)
-    result = run_unprivileged(
-        [
-            "-m",
-            "envrl.cli",
-            "eval",
-            "--env",
-            fakes.ENV_ID,
-            "--split",
-            "train",
-            "--agent",
-            "random",
-            "--episodes",
-            "2",
-            "--no-progress",
-            "--runs-dir",
-            str(runs_dir),
-        ]
-    )
+    result = run_unprivileged(eval_command(runs_dir))
     assert result.returncode == 1, result.stderr
     assert_one_line_error(result.stderr, "envrl eval: error:", str(runs_dir / "envrl.sqlite"), "read-only")
     assert snapshot(runs_dir) == before
@@ -255,24 +258,7 @@ def test_eval_without_permission_to_create_the_runs_directory(tmp_path, read_onl
     locked = tmp_path / "locked"
     locked.mkdir()
     read_only(locked)
-    result = run_unprivileged(
-        [
-            "-m",
-            "envrl.cli",
-            "eval",
-            "--env",
-            fakes.ENV_ID,
-            "--split",
-            "train",
-            "--agent",
-            "random",
-            "--episodes",
-            "2",
-            "--no-progress",
-            "--runs-dir",
-            str(locked / "runs"),
-        ]
-    )
+    result = run_unprivileged(eval_command(locked / "runs"))
     assert result.returncode == 1, result.stderr
     assert_one_line_error(result.stderr, "Permission denied")
     assert list(locked.iterdir()) == []
