@@ -10,6 +10,7 @@ import pytest
 from envrl.agents.generation import Generation, SamplingConfig
 from envrl.agents.llm import LLMAgent, LLMOptions, SharedBackend, act_together
 from envrl.agents.prompts import (
+    BUILTIN_TEMPLATES,
     MAX_ACTION_CHARS,
     MAX_OBSERVATION_CHARS,
     PromptTemplate,
@@ -52,6 +53,23 @@ def test_think_action_prompt_is_exactly_the_template_filled_in():
         "Think step by step about the situation inside <think> </think>, then give exactly one action inside "
         "<action> </action>, for example: <think>...</think><action>go to cabinet 1</action>"
     )
+
+
+def test_compact_prompt_has_no_admissible_list_and_no_format_instruction():
+    template = load_template("compact")
+    messages = template.build_messages(
+        "textworld",
+        "take the key.",
+        "-= Attic =-\nThere is a key.",
+        ["take key", "go east"],
+        [Turn("Welcome.", "go west")],
+        turn=2,
+    )
+    assert messages == [
+        {"role": "system", "content": "Play the text game: one action per turn."},
+        {"role": "user", "content": "Task: take the key.\n\nWelcome.\n> go west\n\n-= Attic =-\nThere is a key."},
+    ]
+    assert template.format_response("take key") == "<action>take key</action>"
 
 
 def test_react_history_carries_the_models_own_thoughts():
@@ -114,7 +132,7 @@ def test_custom_template_files_and_their_errors(tmp_path):
 
 
 def test_builtin_templates_round_trip_through_dicts():
-    for name in ("think-action", "react"):
+    for name in BUILTIN_TEMPLATES:
         template = load_template(name)
         assert PromptTemplate.from_dict(template.to_dict()) == template
 

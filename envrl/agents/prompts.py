@@ -1,7 +1,7 @@
 """Prompt templates and the one action parser shared by every LLM agent (and by training).
 
 A template is data: a JSON file (``envrl/agents/templates/<name>.json``, or any path) whose
-strings are filled with :meth:`str.format` fields. Two ship with envrl:
+strings are filled with :meth:`str.format` fields. Four ship with envrl:
 
 * ``think-action`` (the default): the task, the last k turns (observation and action), the
   current observation and the admissible actions; the model reasons inside
@@ -10,7 +10,10 @@ strings are filled with :meth:`str.format` fields. Two ship with envrl:
   prompt is a ReAct trace (thought, action, observation) over the window;
 * ``action``: the ``think-action`` prompt without the reasoning: the response is one
   ``<action>...</action>``. Small models trained from scratch and ``choose``-mode policies
-  (whose response is the action alone) use it.
+  (whose response is the action alone) use it;
+* ``compact``: the task, the recent turns and the observation in as few tokens as possible: no
+  admissible list and no format instruction. For ``choose``-mode policies with small context
+  windows (a from-scratch CPU model), whose candidates are the admissible actions themselves.
 
 Fields a template may use: in ``user``: ``{intro}`` (the env's paragraph from ``env_intro``),
 ``{instruction}``, ``{history}``, ``{turn}`` (1-based), ``{observation}``, ``{admissible}``,
@@ -39,7 +42,7 @@ from typing import Any
 from envrl.agents.generation import Message
 
 #: templates that ship with envrl, by name
-BUILTIN_TEMPLATES = ("think-action", "react", "action")
+BUILTIN_TEMPLATES = ("think-action", "react", "action", "compact")
 DEFAULT_TEMPLATE = "think-action"
 
 #: responses longer than this are parsed on their first MAX_PARSE_CHARS characters only
@@ -257,7 +260,7 @@ def _clip(text: str) -> str:
 
 
 def load_template(name_or_path: str | Path = DEFAULT_TEMPLATE) -> PromptTemplate:
-    """A built-in template by name (``think-action``, ``react``, ``action``) or a template JSON file by path."""
+    """A built-in template by name (:data:`BUILTIN_TEMPLATES`) or a template JSON file by path."""
     name = str(name_or_path)
     if name in BUILTIN_TEMPLATES:
         # one name per joinpath: Python 3.10's Traversable.joinpath takes a single child
