@@ -165,16 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- train -------------------------------------------------------------------------
     tr = sub.add_parser(
         "train",
-        help="train a policy (sft, grpo, gigpo); resumable",
+        help="train a policy (sft, grpo, gigpo, iwm, sr); resumable",
         description="Train a causal LM as an agent. Settings: the algorithm's YAML for the env, then --config, "
         "then the flags, then --set section.key=value. Re-running into the same --out resumes.",
     )
-    tr.add_argument("--algo", required=True, help="sft, grpo or gigpo")
+    tr.add_argument("--algo", required=True, help="sft, grpo, gigpo, iwm or sr")
     tr.add_argument("--env", required=True, help="alfworld, webshop, scienceworld or textworld")
     tr.add_argument("--model", default=None, help="checkpoint folder to start from (e.g. made by `envrl model init`)")
     tr.add_argument("--out", required=True, help="output folder: config, metrics.jsonl, checkpoints")
     tr.add_argument("--updates", type=int, default=None, help="optimizer updates (default: the config's)")
-    tr.add_argument("--data", default=None, help="sft: an `envrl data expert` folder or an expert's runs folder")
+    tr.add_argument(
+        "--data",
+        default=None,
+        help="sft: an `envrl data expert` folder or an expert's runs folder; iwm, sr: an "
+        "`envrl data early-experience` folder",
+    )
     tr.add_argument("--config", action="append", default=[], help="a YAML file of settings (repeatable)")
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="one setting, e.g. optim.lr=1e-5")
     tr.add_argument("--seed", type=int, default=None)
@@ -204,6 +209,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _training_module("data").add_arguments(expert)
     expert.set_defaults(handler=lambda args: _training_module("data").run(args))
+    early = data_sub.add_parser(
+        "early-experience",
+        help="execute K alternative actions from each expert state (Early Experience data, parquet)",
+        description="From each state of an `envrl data expert` folder, execute K alternative actions (replaying the "
+        "expert prefix in the deterministic env) and save (state, action, next state) rows beside the expert's.",
+    )
+    _training_module("early_experience").add_arguments(early)
+    early.set_defaults(handler=lambda args: _training_module("early_experience").run(args))
+    rationales = data_sub.add_parser(
+        "rationales",
+        help="write self-reflection (SR) rationales for an early-experience folder",
+        description="For every alternative in DIR/rollout.parquet, write why the expert's action is better "
+        "(contrast: a fixed sentence pattern stating both observed outcomes, not reasoning; openai:MODEL or "
+        "hf:PATH: a model) to DIR/rationales.parquet.",
+    )
+    _training_module("rationales").add_arguments(rationales)
+    rationales.set_defaults(handler=lambda args: _training_module("rationales").run(args))
 
     # ---- model: from-scratch checkpoints -------------------------------------------------
     model = sub.add_parser("model", help="make a from-scratch model and tokenizer for CPU experiments")
