@@ -5,10 +5,12 @@ from __future__ import annotations
 from envrl.training.algorithms.base import Algorithm, Batch
 from envrl.training.algorithms.gigpo import GiGPO, GiGPOConfig
 from envrl.training.algorithms.grpo import GRPO, GRPOConfig
+from envrl.training.algorithms.iwm import IWM, IWMConfig
 from envrl.training.algorithms.sft import SFT, SFTConfig
+from envrl.training.algorithms.sr import SR, SRConfig
 from envrl.training.config import ConfigError
 
-ALGORITHMS: dict[str, type[Algorithm]] = {algo.name: algo for algo in (SFT, GRPO, GiGPO)}
+ALGORITHMS: dict[str, type[Algorithm]] = {algo.name: algo for algo in (SFT, GRPO, GiGPO, IWM, SR)}
 
 
 def algorithm_class(name: str) -> type[Algorithm]:
@@ -26,7 +28,11 @@ __all__ = [
     "GRPOConfig",
     "GiGPO",
     "GiGPOConfig",
+    "IWM",
+    "IWMConfig",
     "SFT",
     "SFTConfig",
+    "SR",
+    "SRConfig",
     "algorithm_class",
 ]
