@@ -376,6 +376,16 @@ def test_sr_loss_covers_exactly_the_rationale_and_the_action(tiny_checkpoint: Pa
     assert sr.demonstrations[0].prompt_ids == sample.prompt_ids
     batch = sr.collect(trainer, 0)
     assert [getattr(s, "kind", "sft") for s in batch.samples] == ["reflection", "reflection", "sft", "sft"]
+    # objective choice: the expert samples become the expert's action among the admissible ones
+    choice = SR(SRConfig(data=str(folders("textworld")), batch_size=4, objective="choice"))
+    choice.prepare(trainer)
+    demo = choice.demonstrations[0]
+    admissible = episode["admissible"][0]
+    assert demo.candidate_ids == [
+        policy.encode_response(f"<think></think><action>{action}</action>") for action in admissible
+    ]
+    assert admissible[demo.choice] == "open chest"
+    assert choice.reflections[0].response_ids == sample.response_ids
 
 
 def test_saved_rationales_are_used_when_their_writer_matches(tiny_checkpoint: Path, tmp_path: Path) -> None:

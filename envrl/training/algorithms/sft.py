@@ -48,6 +48,25 @@ class Demonstration:
     choice: int | None = None
 
 
+def demonstration(policy: Any, messages: Any, response: str, row: Any, objective: str) -> Demonstration:
+    """One expert step as a training sample: ``response`` given ``messages`` (``tokens``), or the
+    expert's ``row["action"]`` among the row's admissible actions, each written in the policy
+    template's response format (``choice``)."""
+    demo = Demonstration(policy.encode_prompt(messages), policy.encode_response(response))
+    if objective == "choice":
+        actions = [str(a) for a in row.get("admissible_actions") or []]
+        normalised = [" ".join(a.lower().split()) for a in actions]
+        wanted = " ".join(str(row["action"]).lower().split())
+        if wanted not in normalised:
+            raise ConfigError(
+                "objective choice needs each step's admissible actions with the expert's among them; "
+                f"{row.get('task_id')} step {row.get('step')} lacks them"
+            )
+        demo.candidate_ids = [policy.encode_response(policy.template.format_response(a)) for a in actions]
+        demo.choice = normalised.index(wanted)
+    return demo
+
+
 class SFT(Algorithm):
     name = "sft"
     Config = SFTConfig
@@ -75,19 +94,7 @@ class SFT(Algorithm):
         self.demonstrations = [self._demonstration(policy, row) for row in rows]
 
     def _demonstration(self, policy: Any, row: Any) -> Demonstration:
-        demo = Demonstration(policy.encode_prompt(row["messages"]), policy.encode_response(row["response"]))
-        if self.config.objective == "choice":
-            actions = [str(a) for a in row.get("admissible_actions") or []]
-            normalised = [" ".join(a.lower().split()) for a in actions]
-            wanted = " ".join(str(row["action"]).lower().split())
-            if wanted not in normalised:
-                raise ConfigError(
-                    "objective choice needs each step's admissible actions with the expert's among them; "
-                    f"{row.get('task_id')} step {row.get('step')} lacks them"
-                )
-            demo.candidate_ids = [policy.encode_response(policy.template.format_response(a)) for a in actions]
-            demo.choice = normalised.index(wanted)
-        return demo
+        return demonstration(policy, row["messages"], row["response"], row, self.config.objective)
 
     def collect(self, trainer: Any, update: int) -> Batch:
         """Demonstrations ``update * batch_size ...`` of a seeded shuffle, reshuffled every epoch."""

@@ -11,7 +11,8 @@ write it and then the expert's action at ``s_i``, from the prompt it sees there:
 the response being the policy template's ``format_response(a_i, think=c_i^j)``, so the
 template must carry a thought (``require_think: true``, e.g. ``think-action``). Plain expert
 samples (the expert's action with an empty thought, as ``envrl data expert`` writes them for
-such a template) are mixed in: ``round(expert_fraction * batch_size)`` of each batch (at least
+such a template; with ``objective: choice``, that action among the admissible ones, as SFT's
+choice objective) are mixed in: ``round(expert_fraction * batch_size)`` of each batch (at least
 one of each kind when ``0 < expert_fraction < 1``), and
 
     L = L_SR + expert_weight * L_expert,
@@ -44,7 +45,7 @@ from envrl.training.algorithms.iwm import (
     read_early_experience,
     split_count,
 )
-from envrl.training.algorithms.sft import Demonstration
+from envrl.training.algorithms.sft import demonstration
 from envrl.training.config import ConfigError
 
 
@@ -55,6 +56,7 @@ class SRConfig:
     writer: str = "contrast"  # rationale writer: contrast, or openai:MODEL / hf:PATH with a saved rationales.parquet
     expert_fraction: float = 0.5  # share of each batch that is plain expert samples
     expert_weight: float = 1.0  # L = L_SR + expert_weight * L_expert
+    objective: str = "tokens"  # the expert samples' loss, as SFT's: tokens, or choice (choose-mode policies)
 
 
 class SR(Algorithm):
@@ -83,6 +85,8 @@ class SR(Algorithm):
             raise ConfigError(f"algorithm.expert_fraction must lie in [0, 1), got {c.expert_fraction}")
         if c.batch_size < 2 and c.expert_fraction > 0:
             raise ConfigError("sr mixes expert samples into each batch: algorithm.batch_size must be at least 2")
+        if c.objective not in ("tokens", "choice"):
+            raise ConfigError(f"algorithm.objective must be tokens or choice, got {c.objective!r}")
         if c.expert_weight < 0:
             raise ConfigError(f"algorithm.expert_weight must be >= 0, got {c.expert_weight}")
         try:
@@ -113,9 +117,12 @@ class SR(Algorithm):
             prompt = policy.encode_prompt(policy_messages(policy, row, row["history"]))
             self.reflections.append(TargetSample(prompt, policy.encode_response(response), "reflection"))
         self.demonstrations = [
-            Demonstration(
-                policy.encode_prompt(policy_messages(policy, row, history)),
-                policy.encode_response(template.format_response(str(row["action"]))),
+            demonstration(
+                policy,
+                policy_messages(policy, row, history),
+                template.format_response(str(row["action"])),
+                row,
+                self.config.objective,
             )
             for row, history in zip(data.expert, expert_histories(data.expert))
         ]
