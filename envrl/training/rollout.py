@@ -10,9 +10,14 @@ batch has ended.
 
 Each step becomes a :class:`StepSample` holding what the losses need (the token ids and the
 log-probabilities the generation returned) and what the advantages need (reward, validity,
-group, trajectory, step index, anchor observation). An env whose worker dies mid-episode is
-replaced by the vector env; its trajectory is dropped from the batch (counted in
-``RolloutBatch.dropped``), since a cut episode has no honest return.
+group, trajectory, step index, anchor observation), plus the policy's own view of the state for
+the auxiliary world-model losses (ENVRL's SP and ID): the task instruction the prompt showed
+and ``history``, the past turns of the trajectory that the prompt showed (the last
+``policy.config.history`` ones, oldest first; the same :class:`~envrl.agents.prompts.Turn`
+objects the agent's conversation holds, so storing them costs references, not copies).
+
+An env whose worker dies mid-episode is replaced by the vector env; its trajectory is dropped
+from the batch (counted in ``RolloutBatch.dropped``), since a cut episode has no honest return.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from envrl.agents.base import act_batch
+from envrl.agents.prompts import Turn
 
 
 @dataclass
@@ -49,6 +55,8 @@ class StepSample:
     step: int
     task_id: str
     advantage: float = 0.0
+    instruction: str = ""  # the task as the policy's prompt showed it (the env's info["instruction"])
+    history: list[Turn] = field(default_factory=list)  # the past turns the policy's prompt showed, oldest first
 
 
 @dataclass
@@ -158,7 +166,9 @@ class GroupRollout:
                     running[i] = False
                     continue
                 outcome = (next_observations[i], rewards[i], terminated[i], truncated[i], info)
-                steps[i].append(self._sample(i, trajectory.task_id, observations[i], outcome, len(steps[i])))
+                instruction = str(env_infos[i].get("instruction", ""))  # the info the agent acted on
+                sample = self._sample(i, trajectory.task_id, observations[i], outcome, len(steps[i]), instruction)
+                steps[i].append(sample)
                 trajectory.turns += 1
                 trajectory.total_reward += float(rewards[i])
                 trajectory.success = bool(info.get("success", False))
@@ -179,10 +189,15 @@ class GroupRollout:
         observation: str,
         outcome: tuple[str, float, bool, bool, Mapping[str, Any]],
         step: int,
+        instruction: str,
     ) -> StepSample:
         """Env ``i``'s step: what its agent generated and what the env answered (``outcome``)."""
         next_observation, reward, terminated, truncated, info = outcome
         agent = self.agents[i]
+        conversation = agent.conversation
+        # the turn just played is the conversation's last; its prompt showed the window before it
+        window = conversation.history
+        history = list(conversation.turns[:-1][-window:]) if window else []
         generation = agent.last_generation
         step_info = agent.step_info or {}
         if generation is None or generation.token_ids is None or generation.error is not None:
@@ -201,7 +216,7 @@ class GroupRollout:
             old_logprobs=logprobs,
             candidate_ids=None if generation is None else generation.candidate_token_ids,
             choice=None if generation is None else generation.choice,
-            action=str(agent.conversation.turns[-1].action) if agent.conversation.turns else "",
+            action=str(conversation.turns[-1].action) if conversation.turns else "",
             reward=float(reward),
             observation=str(observation),
             next_observation=str(next_observation),
@@ -214,6 +229,8 @@ class GroupRollout:
             trajectory_id=i,
             step=step,
             task_id=task_id,
+            instruction=instruction,
+            history=history,
         )
 
     def close(self) -> None:

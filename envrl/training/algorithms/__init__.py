@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from envrl.training.algorithms.base import Algorithm, Batch
+from envrl.training.algorithms.envrl import ENVRL, ENVRLConfig
 from envrl.training.algorithms.gigpo import GiGPO, GiGPOConfig
 from envrl.training.algorithms.grpo import GRPO, GRPOConfig
 from envrl.training.algorithms.iwm import IWM, IWMConfig
@@ -10,7 +11,7 @@ from envrl.training.algorithms.sft import SFT, SFTConfig
 from envrl.training.algorithms.sr import SR, SRConfig
 from envrl.training.config import ConfigError
 
-ALGORITHMS: dict[str, type[Algorithm]] = {algo.name: algo for algo in (SFT, GRPO, GiGPO, IWM, SR)}
+ALGORITHMS: dict[str, type[Algorithm]] = {algo.name: algo for algo in (SFT, GRPO, GiGPO, IWM, SR, ENVRL)}
 
 
 def algorithm_class(name: str) -> type[Algorithm]:
@@ -24,6 +25,8 @@ __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "Batch",
+    "ENVRL",
+    "ENVRLConfig",
     "GRPO",
     "GRPOConfig",
     "GiGPO",

@@ -1,0 +1,342 @@
+"""ENVRL: GRPO or GiGPO, plus the env's dynamics learned by the policy's own model on the same rollouts.
+
+The rollout batch of the base algorithm (``algorithm.base``: :mod:`~envrl.training.algorithms.grpo`
+or :mod:`~envrl.training.algorithms.gigpo`) already holds transitions ``(s_t, a_t, s_{t+1})``.
+ENVRL adds two token cross-entropies on them to the base algorithm's loss, with no extra
+sampling and no separate model:
+
+    L(t) = L_RL + lambda_SP(t) * L_SP + lambda_ID(t) * L_ID
+
+* state prediction (SP), ``-log p(s_{t+1} | s_t, a_t)``: the target is the next observation's
+  tokens (and the end-of-turn token), the prompt the ``world-model`` template;
+* inverse dynamics (ID), ``-log p(a_t | s_t, s_{t+1})``: the target is the action written in
+  the policy template's response format (as the policy writes it when it acts), the prompt
+  the ``inverse-dynamics`` template.
+
+Both prompts show ``s_t`` as the policy saw it: the instruction, the same history window and
+the observation (:class:`~envrl.training.rollout.StepSample` keeps them;
+:mod:`envrl.training.dynamics` builds the prompts). Each weight decays from its start value
+``lambda_0`` (``sp_coef``, ``id_coef``) over the run, ``decay: cosine`` giving
+
+    lambda(t) = lambda_0 * 0.5 * (1 + cos(pi * t / T)),
+
+``t`` the 0-based update being computed and ``T`` the run's ``updates``; ``decay: constant``
+keeps ``lambda_0``: the dynamics shape the representation early, the reward has the last word.
+
+Transitions
+    A step is a transition for the auxiliary losses when its episode goes on after it (neither
+    done nor truncated, so ``s_{t+1}`` is a state the policy acts on next) and its response
+    gave an action (format-valid: an invalid response sent the empty placeholder action, which
+    ID would teach the model to write). Of the batch's ``n`` such steps, ``round(aux_fraction * n)``
+    are used, drawn without replacement from ``numpy.random.default_rng([seed, update, rank, 3])``
+    (the trailing stream number keeps the draw apart from the rollouts' task draw, which uses
+    ``[seed, update, rank]``), so a run and its resumed copy use the same ones.
+
+One extra forward pass per micro-batch
+    Each sample of the batch is a :class:`ENVRLSample`: the base algorithm's step sample and the
+    auxiliary samples of its transition (none when the step is not used). :meth:`ENVRL.compute_loss`
+    hands the step samples to the base algorithm's own ``compute_loss`` (so the RL term is the
+    base algorithm's, computed on exactly the micro-batches it would see) and scores the
+    auxiliary samples of the micro-batch in one more forward pass.
+
+Weighting
+    The loop weighs a micro-batch's loss by its share of the minibatch's scored units
+    (:func:`~envrl.training.policy.scored_units`). An :class:`ENVRLSample` counts its step's
+    units only, so the RL term is exactly the base algorithm's token mean: the batch is the
+    base algorithm's, sample for sample, in the same order (the loop's shuffle depends on the
+    batch's length) and with the same units. Counting the auxiliary tokens as units instead
+    would dilute the RL term, and an auxiliary sample as a separate batch entry of 0 units
+    would lose its gradient whenever a micro-batch held no RL sample. The auxiliary terms are
+    token means over the whole batch: a micro-batch returns its kind's summed token loss times
+    ``rl_units(batch) / (aux_tokens(batch, kind) * rl_units(micro-batch))``, which the loop's
+    weight ``rl_units(micro-batch) / rl_units(minibatch)`` turns into the sum over the batch's
+    tokens of that kind divided by their number, exactly when a minibatch is the batch
+    (``optim.minibatches: 1``, one process) and in expectation otherwise, for any micro-batch
+    size. A micro-batch without auxiliary samples adds nothing to their term, which is right:
+    the term is a sum over tokens. The logged ``loss/sp`` and ``loss/id`` are these token means.
+
+Configuration
+    :class:`ENVRLConfig` extends :class:`~envrl.training.algorithms.gigpo.GiGPOConfig` (a superset
+    of GRPO's), so one flat dataclass takes every key of either base from YAML and
+    ``--set algorithm.KEY=VALUE``; the base algorithm runs on this very config object (it reads
+    only its own keys). With ``base: grpo`` the GiGPO-only keys (``omega``, ``gamma``) must keep
+    their defaults: a changed one would otherwise be silently ignored. ``sp: false``,
+    ``id: false``, ``decay: constant`` and ``aux_fraction`` are the ablations.
+
+Logged per update: the base algorithm's terms (``loss/policy``, ``ppo/*``, ``entropy``, ``kl``),
+``loss/rl`` (its whole loss), ``loss/sp`` and ``loss/id`` (where the batch has such samples),
+``weight/sp`` and ``weight/id`` (the weights applied, 0 for a loss switched off),
+``aux/transitions``, ``aux/samples`` and ``aux/tokens`` (the loop's ``tokens_per_s`` counts the
+RL samples' tokens only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from envrl.agents.prompts import TemplateError
+from envrl.training.algorithms.base import Algorithm, Batch
+from envrl.training.algorithms.gigpo import GiGPO, GiGPOConfig
+from envrl.training.algorithms.grpo import GRPO, GRPOConfig
+from envrl.training.config import ConfigError
+from envrl.training.dynamics import (
+    TargetSample,
+    WorldModelTemplate,
+    inverse_dynamics_sample,
+    load_world_model_template,
+    state_prediction_sample,
+)
+from envrl.training.policy import scored_units
+from envrl.training.rollout import StepSample
+
+#: the base algorithms, by ``algorithm.base``
+BASES: dict[str, type[GRPO]] = {"grpo": GRPO, "gigpo": GiGPO}
+#: the auxiliary kinds (:class:`~envrl.training.dynamics.TargetSample` ``kind``) and their short names
+AUX_KINDS = {"state_prediction": "sp", "inverse_dynamics": "id"}
+DECAYS = ("cosine", "constant")
+#: per auxiliary kind, the config key of its prompt template and the template kind it must be
+_TEMPLATE_KEYS = {
+    "state_prediction": ("sp_template", "state-prediction"),
+    "inverse_dynamics": ("id_template", "inverse-dynamics"),
+}
+#: the seed stream of the transitions' draw (see the module docstring)
+_AUX_STREAM = 3
+
+
+@dataclass
+class ENVRLConfig(GiGPOConfig):
+    """The base algorithm's settings (GiGPO's, a superset of GRPO's) and the auxiliary losses'."""
+
+    base: str = "grpo"  # grpo or gigpo
+    sp: bool = True  # state prediction, -log p(s' | s, a)
+    id: bool = True  # inverse dynamics, -log p(a | s, s')
+    # start weights: placeholders until a sweep justifies them; the auxiliary terms are token
+    # cross-entropies of a few nats while the PPO term is of the order of the advantages (~1), so
+    # 0.1 lets them shape the model without outweighing the reward at the start
+    sp_coef: float = 0.1
+    id_coef: float = 0.1
+    decay: str = "cosine"  # cosine (to 0 over the run) or constant
+    aux_fraction: float = 1.0  # share of the batch's transitions used by the auxiliary losses, in (0, 1]
+    sp_template: str = "world-model"  # state-prediction prompt: a built-in name or a JSON file
+    id_template: str = "inverse-dynamics"  # inverse-dynamics prompt: a built-in name or a JSON file
+
+
+@dataclass(frozen=True)
+class AuxScale:
+    """What one update's auxiliary samples are weighed with (shared by the batch's samples).
+
+    ``weights``: lambda(t) per enabled kind; ``per_token``: the batch's RL units per token of
+    that kind (only kinds the batch holds), the factor that makes a micro-batch's summed token
+    loss into its share of the batch's token mean (see the module docstring).
+    """
+
+    weights: Mapping[str, float]
+    per_token: Mapping[str, float]
+
+
+@dataclass
+class ENVRLSample:
+    """A base-algorithm step sample and the auxiliary samples of its transition.
+
+    It shows the loop the step's own tokens (``prompt_ids``, ``response_ids``, ``candidate_ids``,
+    ``choice``), so it counts the step's units only.
+    """
+
+    step: StepSample
+    aux: list[TargetSample]
+    scale: AuxScale
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.step.prompt_ids
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.step.response_ids
+
+    @property
+    def candidate_ids(self) -> list[list[int]] | None:
+        return self.step.candidate_ids
+
+    @property
+    def choice(self) -> int | None:
+        return self.step.choice
+
+
+def aux_weight(coef: float, update: int, updates: int, decay: str) -> float:
+    """``lambda(t)`` for update ``t = update`` of ``T = updates``: ``coef * 0.5 * (1 + cos(pi t / T))``
+    (cosine) or ``coef`` (constant)."""
+    if decay == "constant":
+        return float(coef)
+    if decay != "cosine":
+        raise ValueError(f"decay must be one of {', '.join(DECAYS)}, got {decay!r}")
+    return float(coef) * 0.5 * (1.0 + math.cos(math.pi * update / updates))
+
+
+def transition_steps(steps: Sequence[StepSample]) -> list[int]:
+    """The positions of ``steps`` that are transitions for the auxiliary losses: not terminal
+    (neither done nor truncated) and format-valid."""
+    return [i for i, s in enumerate(steps) if not (s.done or s.truncated) and s.valid]
+
+
+def pick_transitions(count: int, fraction: float, seed: int, update: int, rank: int) -> list[int]:
+    """``round(fraction * count)`` of ``range(count)``, in increasing order, drawn without
+    replacement from ``default_rng([seed, update, rank, 3])``; all of them when ``fraction`` is 1."""
+    if fraction >= 1.0:
+        return list(range(count))
+    size = round(fraction * count)
+    rng = np.random.default_rng([seed, update, rank, _AUX_STREAM])
+    return sorted(int(k) for k in rng.choice(count, size=size, replace=False))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class ENVRL(Algorithm):
+    """ENVRL (see the module docstring): the base algorithm's loss plus weighted SP and ID losses."""
+
+    name = "envrl"
+    Config = ENVRLConfig
+    uses_rollouts = True
+
+    def __init__(self, config: ENVRLConfig) -> None:
+        super().__init__(config)
+        self._templates: dict[str, WorldModelTemplate] = {}
+
+    @property
+    def base(self) -> GRPO:
+        """The base algorithm, running on this config (it reads its own keys only)."""
+        if self.config.base not in BASES:
+            raise ConfigError(f"algorithm.base must be grpo or gigpo, got {self.config.base!r}")
+        return BASES[self.config.base](self.config)
+
+    @property
+    def kinds(self) -> list[str]:
+        """The enabled auxiliary kinds, SP first."""
+        c = self.config
+        return [kind for kind, on in (("state_prediction", c.sp), ("inverse_dynamics", c.id)) if on]
+
+    def check(self, train_config: Any) -> None:
+        c = self.config
+        base = self.base
+        for key in ("sp_coef", "id_coef"):
+            value = getattr(c, key)
+            if not _is_number(value) or value < 0:
+                raise ConfigError(f"algorithm.{key} must be a number >= 0, got {value!r}")
+        if not _is_number(c.aux_fraction) or not 0.0 < c.aux_fraction <= 1.0:
+            raise ConfigError(f"algorithm.aux_fraction must lie in (0, 1], got {c.aux_fraction!r}")
+        if c.decay not in DECAYS:
+            raise ConfigError(f"algorithm.decay must be cosine or constant, got {c.decay!r}")
+        if not c.sp and not c.id:
+            raise ConfigError(
+                f"algorithm.sp and algorithm.id are both off, and that is the base algorithm: run --algo {c.base}"
+            )
+        if c.base == "grpo":
+            grpo_keys = {f.name for f in fields(GRPOConfig)}
+            for f in fields(GiGPOConfig):
+                if f.name not in grpo_keys and getattr(c, f.name) != f.default:
+                    raise ConfigError(
+                        f"algorithm.{f.name} is a GiGPO setting and algorithm.base is grpo: "
+                        f"set algorithm.base=gigpo to use it"
+                    )
+        for kind in self.kinds:
+            self.template(kind)
+        base.check(train_config)
+
+    def template(self, kind: str) -> WorldModelTemplate:
+        """The prompt template of an auxiliary kind (loaded on first use, checked to be of its kind)."""
+        if kind not in self._templates:
+            key, expected = _TEMPLATE_KEYS[kind]
+            name = getattr(self.config, key)
+            try:
+                template = load_world_model_template(name)
+            except TemplateError as exc:
+                raise ConfigError(str(exc)) from exc
+            if template.kind != expected:
+                raise ConfigError(f"algorithm.{key} must be a template of kind {expected}; {name!r} is {template.kind}")
+            self._templates[kind] = template
+        return self._templates[kind]
+
+    def weights(self, update: int, updates: int) -> dict[str, float]:
+        """``lambda(update)`` per auxiliary kind (0 for a kind switched off)."""
+        c = self.config
+        coefs = {"state_prediction": c.sp_coef if c.sp else 0.0, "inverse_dynamics": c.id_coef if c.id else 0.0}
+        return {kind: aux_weight(coef, update, updates, c.decay) for kind, coef in coefs.items()}
+
+    def aux_samples(self, policy: Any, step: StepSample) -> list[TargetSample]:
+        """The enabled auxiliary samples of one transition, prompts built from the policy's view of ``s_t``."""
+        out = []
+        for kind in self.kinds:
+            build: Callable[..., TargetSample]
+            if kind == "state_prediction":
+                build, target_side = state_prediction_sample, (step.action, step.next_observation)
+            else:
+                build, target_side = inverse_dynamics_sample, (step.next_observation, step.action)
+            out.append(
+                build(policy, self.template(kind), step.instruction, step.history, step.observation, *target_side)
+            )
+        return out
+
+    def attach(
+        self, policy: Any, steps: Sequence[StepSample], update: int, updates: int, seed: int, rank: int
+    ) -> tuple[list[ENVRLSample], dict[str, float]]:
+        """The batch's samples, each step with the auxiliary samples of its transition when it is
+        drawn (see the module docstring), and the metrics of the draw."""
+        eligible = transition_steps(steps)
+        chosen = {eligible[k] for k in pick_transitions(len(eligible), self.config.aux_fraction, seed, update, rank)}
+        aux = [self.aux_samples(policy, step) if i in chosen else [] for i, step in enumerate(steps)]
+        rl_units = sum(scored_units(step) for step in steps)
+        tokens: dict[str, int] = {}
+        for sample in (a for row in aux for a in row):
+            tokens[sample.kind] = tokens.get(sample.kind, 0) + len(sample.response_ids)
+        weights = self.weights(update, updates)
+        scale = AuxScale(
+            weights={kind: weights[kind] for kind in self.kinds},
+            per_token={kind: rl_units / count for kind, count in tokens.items() if count},
+        )
+        samples = [ENVRLSample(step, row, scale) for step, row in zip(steps, aux)]
+        flat = [a for row in aux for a in row]
+        metrics = {
+            **{f"weight/{AUX_KINDS[kind]}": value for kind, value in weights.items()},
+            "aux/transitions": float(len(chosen)),
+            "aux/samples": float(len(flat)),
+            "aux/tokens": float(sum(len(a.prompt_ids) + len(a.response_ids) for a in flat)),
+        }
+        return samples, metrics
+
+    def collect(self, trainer: Any, update: int) -> Batch:
+        batch = self.base.collect(trainer, update)
+        c = trainer.config
+        samples, metrics = self.attach(trainer.policy, list(batch.samples), update, c.updates, c.seed, trainer.rank)
+        return Batch(samples, {**batch.metrics, **metrics})
+
+    def compute_loss(self, trainer: Any, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        steps = [s.step for s in samples]
+        loss, base_terms = self.base.compute_loss(trainer, steps)
+        terms = {"loss/rl": float(loss.detach()), **base_terms}
+        if not samples:
+            return loss, terms
+        scale: AuxScale = samples[0].scale
+        aux = [a for s in samples for a in s.aux]
+        # a kind the batch holds is logged from every micro-batch (0 where it has none of it): the
+        # loop's weighted sum of the micro-batches' values is then the batch's token mean
+        present = [kind for kind in scale.weights if kind in scale.per_token]
+        if not aux:
+            return loss, {**terms, **{f"loss/{AUX_KINDS[kind]}": 0.0 for kind in present}}
+        scores = trainer.policy.logprobs(aux, temperature=1.0)
+        units = sum(scored_units(step) for step in steps)
+        kinds = [a.kind for a in aux]
+        for kind in present:
+            rows = torch.tensor([k == kind for k in kinds], device=scores.mask.device, dtype=scores.mask.dtype)
+            token_sum = -(scores.logprobs * scores.mask * rows.unsqueeze(-1)).sum()
+            term = token_sum * (scale.per_token[kind] / units)
+            loss = loss + scale.weights[kind] * term
+            terms[f"loss/{AUX_KINDS[kind]}"] = float(term.detach())
+        return loss, terms
