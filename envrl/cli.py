@@ -9,6 +9,8 @@
     envrl serve-model CHECKPOINT [--port 8000]          # an OpenAI-compatible server for a checkpoint
     envrl data alfworld --download [--dest DIR]
     envrl webshop serve [--host H] [--port P] [--workers N] [--products N] [--data-dir D]
+    envrl train --algo sft|grpo|gigpo|iwm|sr|envrl --env E --model DIR --out DIR [--data DIR]   # see envrl/training
+    envrl probe --checkpoint DIR --env textworld --split valid [--episodes 10]        # world-model probes
 
 Exit codes: 0 success, 1 the run could not go on (e.g. locked by another process, a runs
 directory that cannot be read or written, a corrupt results database), 2 bad input (one line
@@ -165,11 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- train -------------------------------------------------------------------------
     tr = sub.add_parser(
         "train",
-        help="train a policy (sft, grpo, gigpo, iwm, sr); resumable",
+        help="train a policy (sft, grpo, gigpo, iwm, sr, envrl); resumable",
         description="Train a causal LM as an agent. Settings: the algorithm's YAML for the env, then --config, "
         "then the flags, then --set section.key=value. Re-running into the same --out resumes.",
     )
-    tr.add_argument("--algo", required=True, help="sft, grpo, gigpo, iwm or sr")
+    tr.add_argument("--algo", required=True, help="sft, grpo, gigpo, iwm, sr or envrl")
     tr.add_argument("--env", required=True, help="alfworld, webshop, scienceworld or textworld")
     tr.add_argument("--model", default=None, help="checkpoint folder to start from (e.g. made by `envrl model init`)")
     tr.add_argument("--out", required=True, help="output folder: config, metrics.jsonl, checkpoints")
@@ -226,6 +228,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _training_module("rationales").add_arguments(rationales)
     rationales.set_defaults(handler=lambda args: _training_module("rationales").run(args))
+
+    # ---- probe: world-model probes of a checkpoint ----------------------------------------
+    probe = sub.add_parser(
+        "probe",
+        help="how well a checkpoint predicts its env (state prediction, inverse dynamics); into the leaderboard",
+        description="Play the env's expert on a split and measure, on its transitions, how well the checkpoint "
+        "predicts the next observation (SP: teacher-forced token accuracy, exact match) and the action between "
+        "two observations (ID: top-1 accuracy, with its chance level). The figures join the checkpoint's row in "
+        "`envrl leaderboard` and `envrl serve`.",
+    )
+    _training_module("probes").add_arguments(probe)
+    probe.set_defaults(handler=lambda args: _training_module("probes").run(args))
 
     # ---- model: from-scratch checkpoints -------------------------------------------------
     model = sub.add_parser("model", help="make a from-scratch model and tokenizer for CPU experiments")

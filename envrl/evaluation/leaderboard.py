@@ -15,6 +15,15 @@ temperature or model) gets one row per setting.
 Which run fills a cell: when an agent has several runs of one split under one setting, the
 one with the most recorded episodes (then the latest) is shown; the others stay in the run
 list.
+
+World-model probes (``envrl probe``, :class:`~envrl.evaluation.store.ProbeRecord`) sit beside
+success and turns: a split with at least one probe gets three more columns, "SP acc" (state
+prediction, teacher-forced next-token accuracy), "SP exact" (state prediction, exact-match
+rate of the greedy next observation) and "ID acc" (inverse dynamics, top-1 accuracy, with its
+chance level). A probe belongs to the rows of the agent it names (every setting's row), or to
+a row of its own when that agent has no run. Of several probes of one agent and split, the
+one over the most transitions (then the latest) is shown. A split without probes keeps the
+layout it had before probes existed.
 """
 
 from __future__ import annotations
@@ -27,12 +36,21 @@ from importlib import resources
 from typing import Any
 
 from envrl.evaluation.metrics import format_number, format_table, summarize
-from envrl.evaluation.store import ResultStore
+from envrl.evaluation.store import ProbeRecord, ResultStore
 
 FORMATS = ("text", "markdown", "json")
 
 #: env-side protocol: what must be equal for two runs of a split to be ranked together
 ENV_PROTOCOL_KEYS = ("step_limit", "task_ids_sha256", "episodes", "seed", "engine_versions")
+
+#: the columns a probed split adds, after its success and turns columns
+PROBE_HEADERS = ("SP acc", "SP exact", "ID acc")
+
+PROBE_NOTE = (
+    "SP acc, SP exact, ID acc: world-model probes of the agent's model (envrl probe) on expert transitions of "
+    "the split, in %: state-prediction next-token accuracy (teacher-forced) and exact-match rate of the "
+    "greedy next observation; inverse-dynamics top-1 accuracy over the admissible actions, with its chance level."
+)
 
 
 def split_kind(env: str, split: str) -> str:
@@ -151,12 +169,16 @@ def leaderboard_data(runs_dir: str | os.PathLike[str] | None = None, include_rep
 
     ``columns``: ``{"key": "<env>/<split>", "env", "split", "kind": "ID"|"OOD"}`` per env,
     ID splits first; ``rows``: ``{"agent", "source": "measured"|"reported", "reference",
-    "protocol", "cells": {column key: cell}}`` where a cell has ``run_id``, ``success_rate``,
-    ``ci_low``, ``ci_high``, ``episodes``, ``mean_turns``, ``mean_turns_success``, ``rank``
-    (None: not ranked) and ``protocol_note``; ``notes``: lines to show under the table;
-    ``runs``: every run (:func:`run_rows`).
+    "protocol", "cells": {column key: cell}, "probes": {column key: probe}}`` where a cell has
+    ``run_id``, ``success_rate``, ``ci_low``, ``ci_high``, ``episodes``, ``mean_turns``,
+    ``mean_turns_success``, ``rank`` (None: not ranked) and ``protocol_note``, and a probe has
+    ``probe_id``, ``sp_token_accuracy``, ``sp_exact_match``, ``id_accuracy``, ``id_chance``
+    (fractions), ``transitions``, ``episodes``, ``seed``, ``sp_template``, ``id_template``,
+    ``policy_template`` and ``created_at``; ``probe_columns``: the column keys that have a
+    probe; ``notes``: lines to show under the table; ``runs``: every run (:func:`run_rows`).
     """
     runs = run_rows(runs_dir)
+    probes = ResultStore(runs_dir).list_probes()
     # rows: one per (agent, agent-side setting)
     settings: dict[str, list[str]] = {}
     for run in runs:
@@ -182,7 +204,14 @@ def leaderboard_data(runs_dir: str | os.PathLike[str] | None = None, include_rep
     for (label, column), run in chosen.items():
         row = rows.setdefault(
             label,
-            {"agent": label, "source": "measured", "reference": None, "protocol": run["agent_protocol"], "cells": {}},
+            {
+                "agent": label,
+                "source": "measured",
+                "reference": None,
+                "protocol": run["agent_protocol"],
+                "cells": {},
+                "probes": {},
+            },
         )
         row["cells"][column] = {
             "run_id": run["run_id"],
@@ -228,6 +257,9 @@ def leaderboard_data(runs_dir: str | os.PathLike[str] | None = None, include_rep
     for row in rows.values():
         for cell in row["cells"].values():
             del cell["env_protocol"]
+    probe_columns = _attach_probes(rows, probes, {label: run["agent"] for (label, _), run in chosen.items()})
+    if probe_columns:
+        notes.append(PROBE_NOTE)
 
     measured = sorted(rows.values(), key=lambda r: (-_mean_success(r), r["agent"]))
     reported: list[dict[str, Any]] = []
@@ -259,6 +291,7 @@ def leaderboard_data(runs_dir: str | os.PathLike[str] | None = None, include_rep
                         }
                         for r in entry["results"]
                     },
+                    "probes": {},
                 }
             )
         if reported:
@@ -269,11 +302,57 @@ def leaderboard_data(runs_dir: str | os.PathLike[str] | None = None, include_rep
             )
     keys = {c for row in measured for c in row["cells"]}
     keys |= {c for row in reported for c in row["cells"]}
+    keys |= set(probe_columns)
     columns = []
-    for key in sorted(keys, key=lambda k: (k.split("/", 1)[0], _split_order(*k.split("/", 1)))):
+    for key in sorted(keys, key=_column_order):
         env, split = key.split("/", 1)
         columns.append({"key": key, "env": env, "split": split, "kind": split_kind(env, split)})
-    return {"columns": columns, "rows": measured + reported, "notes": notes, "runs": runs}
+    return {
+        "columns": columns,
+        "rows": measured + reported,
+        "probe_columns": sorted(probe_columns, key=_column_order),
+        "notes": notes,
+        "runs": runs,
+    }
+
+
+def _column_order(key: str) -> tuple[str, tuple[int, int, str]]:
+    env, split = key.split("/", 1)
+    return (env, _split_order(env, split))
+
+
+def _attach_probes(rows: dict[str, dict[str, Any]], probes: list[ProbeRecord], agent_of: dict[str, str]) -> set[str]:
+    """Put each (agent, split)'s probe over the most transitions (then the latest) into the
+    ``probes`` of that agent's rows (``agent_of``: row label -> agent), adding a row for an
+    agent that has none; returns the column keys that got a probe."""
+    best: dict[tuple[str, str], ProbeRecord] = {}
+    for probe in probes:
+        key = (probe.agent, f"{probe.env}/{probe.split}")
+        held = best.get(key)
+        if held is None or (probe.transitions, probe.created_at) > (held.transitions, held.created_at):
+            best[key] = probe
+    for (agent, column), probe in best.items():
+        labels = [label for label, base in agent_of.items() if base == agent] or [agent]
+        for label in dict.fromkeys(labels):
+            row = rows.setdefault(
+                label,
+                {"agent": label, "source": "measured", "reference": None, "protocol": {}, "cells": {}, "probes": {}},
+            )
+            row["probes"][column] = {
+                "probe_id": probe.probe_id,
+                "sp_token_accuracy": probe.sp_token_accuracy,
+                "sp_exact_match": probe.sp_exact_match,
+                "id_accuracy": probe.id_accuracy,
+                "id_chance": probe.id_chance,
+                "transitions": probe.transitions,
+                "episodes": probe.episodes,
+                "seed": probe.seed,
+                "sp_template": probe.sp_template,
+                "id_template": probe.id_template,
+                "policy_template": probe.policy_template,
+                "created_at": probe.created_at,
+            }
+    return {column for _, column in best}
 
 
 def _mean_success(row: dict[str, Any]) -> float:
@@ -297,19 +376,36 @@ def _rate_cell(cell: dict[str, Any] | None) -> str:
     return text
 
 
+def probe_cells(probe: dict[str, Any] | None) -> list[str]:
+    """The "SP acc", "SP exact" and "ID acc" cells of one probe, in %; blank without a probe."""
+    if probe is None:
+        return [""] * len(PROBE_HEADERS)
+    identity = format_number(probe["id_accuracy"], percent=True)
+    if probe["id_chance"] is not None:
+        identity += f" (chance {format_number(probe['id_chance'], percent=True)})"
+    return [
+        format_number(probe["sp_token_accuracy"], percent=True),
+        format_number(probe["sp_exact_match"], percent=True),
+        identity,
+    ]
+
+
 def _env_tables(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """Per env: (env, headers, cell rows, footnotes)."""
     tables = []
     envs = list(dict.fromkeys(c["env"] for c in data["columns"]))
     for env in envs:
         columns = [c for c in data["columns"] if c["env"] == env]
+        probed = set(data.get("probe_columns") or ())
         headers = ["agent"]
         for c in columns:
             headers += [f"{c['split']} ({c['kind']}) success %", "turns", "turns (succ.)"]
+            if c["key"] in probed:
+                headers += PROBE_HEADERS
         body: list[list[str]] = []
         footnotes: list[str] = []
         for row in data["rows"]:
-            if not any(c["key"] in row["cells"] for c in columns):
+            if not any(c["key"] in row["cells"] or c["key"] in row.get("probes", {}) for c in columns):
                 continue
             label = row["agent"]
             if row["source"] == "reported":
@@ -333,6 +429,8 @@ def _env_tables(data: dict[str, Any]) -> list[tuple[str, list[str], list[list[st
                     format_number(cell["mean_turns"], 1) if cell else "-",
                     format_number(cell["mean_turns_success"], 1) if cell else "-",
                 ]
+                if c["key"] in probed:
+                    cells += probe_cells(row.get("probes", {}).get(c["key"]))
             body.append(cells)
         tables.append((env, headers, body, footnotes))
     return tables

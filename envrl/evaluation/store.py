@@ -4,6 +4,7 @@ Layout of a runs directory (default ``$ENVRL_RUNS_DIR``, else ``./runs``)::
 
     <runs_dir>/
       envrl.sqlite            # every run and episode (tables runs, episodes; WAL mode while written)
+                              # and world-model probes (table probes, see below)
       <run_id>/
         config.json           # what was run: env, split, agent, episodes, seed, env kwargs, versions
         episodes.jsonl        # one JSON line per finished episode, in finishing order
@@ -25,14 +26,23 @@ the last of them closes, so that a store at rest is one file that readers can op
 creating ``-wal``/``-shm`` files. A runs directory that cannot be used (not a directory, no
 permission, a corrupt database) raises :class:`StoreError` with a one-line reason; a
 malformed episode record is skipped and counted (:class:`EpisodeLoad`), never fatal.
+
+Schema changes add tables, never alter one: readers look for a table before they read it, so
+a store written by an older envrl reads as one where the newer table is empty. The ``probes``
+table (:class:`ProbeRecord`, written by ``envrl probe``) is created by the first probe written
+into a store, not by run writers. A probe is identified by (agent, env, split, seed,
+episodes): writing the same probe again replaces its row (a checkpoint folder retrained in
+place is measured anew; the latest measurement stands).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -199,6 +209,54 @@ class EpisodeLoad:
     skipped: dict[int, str] = field(default_factory=dict)
 
 
+#: the columns of the probes table that identify a probe: writing one again replaces its row
+PROBE_IDENTITY = ("agent", "env", "split", "seed", "episodes")
+#: the probe figures, fractions in [0, 1] (None: not measured)
+PROBE_METRICS = ("sp_token_accuracy", "sp_exact_match", "id_accuracy", "id_chance")
+
+
+@dataclass
+class ProbeRecord:
+    """One world-model probe of a policy's model on held-out transitions (``envrl probe``,
+    :mod:`envrl.training.probes`).
+
+    ``agent`` is the leaderboard row it belongs to (the label runs of the checkpoint carry);
+    ``episodes`` expert episodes of ``split`` (episode i plays task ``i % n`` with seed
+    ``seed + i``) gave ``transitions`` transitions. The figures are fractions in [0, 1]:
+    state-prediction teacher-forced token accuracy and exact-match rate, inverse-dynamics
+    top-1 accuracy and its chance level. ``sp_template``, ``id_template`` and
+    ``policy_template`` name the world-model, inverse-dynamics and policy prompt templates;
+    ``config`` holds the rest of the setup (checkpoint, history, env kwargs, ...).
+    """
+
+    agent: str
+    env: str
+    split: str
+    seed: int
+    episodes: int
+    transitions: int
+    sp_token_accuracy: float | None
+    sp_exact_match: float | None
+    id_accuracy: float | None
+    id_chance: float | None
+    sp_template: str
+    id_template: str
+    policy_template: str
+    envrl_version: str
+    created_at: float
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def probe_id(self) -> str:
+        """``probe-<env>-<split>-<agent>-s<seed>-n<episodes>-<digest>``: readable, and the same
+        for the same identity (the digest keeps two agents whose names differ only in characters
+        the slug drops apart)."""
+        identity = [getattr(self, key) for key in PROBE_IDENTITY]
+        digest = hashlib.sha256(json.dumps(identity).encode("utf-8")).hexdigest()[:8]
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.env}-{self.split}-{self.agent}-s{self.seed}-n{self.episodes}")
+        return f"probe-{slug.strip('._')}-{digest}"
+
+
 def _jsonable(value: Any) -> Any:
     """``value`` as it will read back from JSON (so stored and new configs compare equal)."""
     return json.loads(json.dumps(value, sort_keys=True, default=str))
@@ -300,6 +358,32 @@ CREATE TABLE IF NOT EXISTS episodes (
     UNIQUE (run_id, episode_index)
 );
 """
+
+#: created by the first probe written (:meth:`ResultStore.write_probe`), never by run writers
+_PROBE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS probes (
+    probe_id           TEXT PRIMARY KEY,
+    agent              TEXT NOT NULL,
+    env                TEXT NOT NULL,
+    split              TEXT NOT NULL,
+    seed               INTEGER NOT NULL,
+    episodes           INTEGER NOT NULL,
+    transitions        INTEGER NOT NULL,
+    sp_token_accuracy  REAL,
+    sp_exact_match     REAL,
+    id_accuracy        REAL,
+    id_chance          REAL,
+    sp_template        TEXT NOT NULL,
+    id_template        TEXT NOT NULL,
+    policy_template    TEXT NOT NULL,
+    envrl_version      TEXT NOT NULL,
+    created_at         REAL NOT NULL,
+    config             TEXT NOT NULL,
+    UNIQUE (agent, env, split, seed, episodes)
+);
+"""
+
+_PROBE_COLUMNS = tuple(f.name for f in fields(ProbeRecord))
 
 _SUMMARY_COLUMNS = (
     "episode_index",
@@ -562,11 +646,53 @@ class ResultStore:
         """The readable full records of ``run_id`` (see :meth:`read_episodes`)."""
         return self.read_episodes(run_id).records
 
+    def list_probes(self) -> list[ProbeRecord]:
+        """Every world-model probe, by env, split, agent, seed and episodes; none in a store
+        without the probes table (written before probes existed, or never probed). A row whose
+        values cannot be read is skipped with a warning."""
+        with self._reading() as conn:
+            if conn is None or "probes" not in self._tables(conn):
+                return []
+            rows = conn.execute(
+                f"SELECT probe_id, {', '.join(_PROBE_COLUMNS)} FROM probes ORDER BY env, split, agent, seed, episodes"
+            ).fetchall()
+        probes = []
+        for row in rows:
+            probe = _probe_of(row[1:])
+            if probe is None:
+                logger.warning("%s: skipping probe %s, whose stored values cannot be read", self.db_path, row[0])
+                continue
+            probes.append(probe)
+        return probes
+
     # ---- writing --------------------------------------------------------------------
 
     def open_run(self, run_id: str, config: Mapping[str, Any]) -> RunWriter:
         """Create ``run_id`` or reopen it to resume (see :class:`RunWriter`)."""
         return RunWriter(self, run_id, config)
+
+    def write_probe(self, probe: ProbeRecord) -> str:
+        """Record ``probe`` (creating the probes table on first use), replacing the row of the
+        same identity (:data:`PROBE_IDENTITY`) if there is one; returns its probe id."""
+        conn = self.connect()
+        try:
+            with _store_errors(f"cannot record probe {probe.probe_id!r} in {self.db_path}"):
+                conn.executescript(_PROBE_SCHEMA)
+                values = [getattr(probe, name) for name in _PROBE_COLUMNS]
+                values[_PROBE_COLUMNS.index("config")] = json.dumps(_jsonable(probe.config), sort_keys=True)
+                with conn:  # one transaction: the old row is never gone without the new one
+                    conn.execute(
+                        f"DELETE FROM probes WHERE {' AND '.join(f'{key} = ?' for key in PROBE_IDENTITY)}",
+                        [getattr(probe, key) for key in PROBE_IDENTITY],
+                    )
+                    conn.execute(
+                        f"INSERT INTO probes (probe_id, {', '.join(_PROBE_COLUMNS)}) "
+                        f"VALUES ({', '.join('?' * (len(_PROBE_COLUMNS) + 1))})",
+                        [probe.probe_id, *values],
+                    )
+        finally:
+            _rest_and_close(conn)
+        return probe.probe_id
 
 
 def _config_of(run_id: str, text: str) -> dict[str, Any]:
@@ -592,6 +718,27 @@ def _summary(values: Sequence[Any]) -> dict[str, Any] | None:
         return None
     item["success"] = bool(item["success"])
     return item
+
+
+def _probe_of(values: Sequence[Any]) -> ProbeRecord | None:
+    """A stored probe row as a :class:`ProbeRecord`, or None when a hand-edited or foreign row
+    holds values of the wrong kind."""
+    item = dict(zip(_PROBE_COLUMNS, values, strict=True))
+    if not all(isinstance(item[key], str) for key in ("agent", "env", "split")):
+        return None
+    counts = (item["seed"], item["episodes"], item["transitions"])
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts):
+        return None
+    if not all(item[key] is None or isinstance(item[key], (int, float)) for key in PROBE_METRICS):
+        return None
+    try:
+        config = json.loads(item["config"])
+    except (TypeError, ValueError):
+        config = {}
+    item["config"] = config if isinstance(config, dict) else {}
+    for key in ("sp_template", "id_template", "policy_template", "envrl_version"):
+        item[key] = str(item[key])
+    return ProbeRecord(**item)
 
 
 def _insert_episode(conn: sqlite3.Connection, record: EpisodeRecord, line: str) -> None:

@@ -4,7 +4,8 @@ Routes (all GET, server-side rendered, plain links: it works without JavaScript)
 
 ``/``
     the leaderboard of :func:`envrl.evaluation.leaderboard.leaderboard_data` (measured rows,
-    then reported rows with their references), its notes, then every run in the store;
+    then reported rows with their references; a split with world-model probes gets an
+    "SP acc", "SP exact" and "ID acc" column after its own), its notes, then every run in the store;
 ``/runs/<run_id>``
     one run: config, overall metrics, per-task-type table, plots, the same agent on the
     env's other splits, LLM agent figures when the steps carry ``agent_info``, episodes;
@@ -359,16 +360,23 @@ def agent_info_items(info: Mapping[str, Any] | None) -> list[InfoItem]:
     return items
 
 
+#: the figures of a probe, in the order of the leaderboard's probe columns
+PROBE_FIGURES = ("sp_token_accuracy", "sp_exact_match", "id_accuracy")
+
+
 def _leaderboard_view(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``leaderboard_data``'s dict arranged for the template: column groups per env, and each
-    row's cells as a list aligned with the columns (None where the row has no cell)."""
-    columns = list(data.get("columns") or [])
+    """``leaderboard_data``'s dict arranged for the template: column groups per env (a probed
+    column spans its probe columns too), each column marked ``probed``, and each row's cells
+    and probes as lists aligned with the columns (None where the row has none)."""
+    probed = set(data.get("probe_columns") or ())
+    columns = [dict(column, probed=column.get("key") in probed) for column in data.get("columns") or []]
     groups: list[list[Any]] = []
     for column in columns:
+        span = 1 + len(PROBE_FIGURES) * column["probed"]
         if groups and groups[-1][0] == column.get("env"):
-            groups[-1][1] += 1
+            groups[-1][1] += span
         else:
-            groups.append([column.get("env"), 1])
+            groups.append([column.get("env"), span])
     measured: list[dict[str, Any]] = []
     reported: list[dict[str, Any]] = []
     for row in data.get("rows") or []:
@@ -382,10 +390,13 @@ def _leaderboard_view(data: Mapping[str, Any]) -> dict[str, Any]:
             "reference": reference or None,
             "protocol": [(str(k), _text(v)) for k, v in sorted((row.get("protocol") or {}).items())],
             "cells": [cells.get(column.get("key")) for column in columns],
+            "probes": [(row.get("probes") or {}).get(column.get("key")) for column in columns],
         }
         (reported if view["source"] == "reported" else measured).append(view)
     return {
         "columns": columns,
+        "width": 1 + sum(span for _, span in groups),
+        "probe_metrics": PROBE_FIGURES,
         "env_groups": groups,
         "measured": measured,
         "reported": reported,
