@@ -1,0 +1,195 @@
+"""What ENVRL's auxiliary losses cost: one ENVRL update against one plain GRPO update on the same batch.
+
+ENVRL (``--algo envrl``) adds state prediction and inverse dynamics to GRPO's loss on the
+transitions the rollouts already hold; the paper presents the cost as one extra forward pass.
+This script plays one rollout batch with a from-scratch model (TextWorld custom quests, choose
+mode, the CPU experiments' settings), then times, on that same batch, alternately:
+
+* ``grpo``: the base algorithm's update (:meth:`Trainer.update` with ENVRL's base GRPO);
+* ``envrl``: ENVRL's update (the same step samples plus their SP and ID samples,
+  ``aux_fraction`` 1.0, both weights on).
+
+Each update is a full optimizer step (forward, backward, clip, AdamW); the weights are restored
+before every timed update so both variants see the same model. The peak memory of an update is
+the largest resident set size sampled every 2 ms while it runs, less the size just before it,
+after freed memory is handed back to the OS (glibc's ``malloc_trim``;
+``torch.cuda.max_memory_allocated`` on a GPU). Printed and written to ``--out``/results.json:
+the median time and peak of each, and their ratios (ENVRL / GRPO).
+
+    .venv/bin/python benchmarks/envrl_overhead.py                 # small model (1.9M), ~3 min on 2 cores
+    .venv/bin/python benchmarks/envrl_overhead.py --size tiny --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CONFIG = Path(__file__).resolve().parent / "configs" / "textworld_cpu.yaml"
+
+
+class PeakRSS:
+    """The largest resident set size of this process while the block runs, sampled every 2 ms."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.process = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakRSS:
+        _release_freed_memory()
+        self.start = self.process.memory_info().rss
+        self.peak = self.start
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start
+
+
+def _release_freed_memory() -> None:
+    """Hand memory that was freed back to the OS (glibc keeps it otherwise), so that the resident
+    size before an update is its true baseline and the peak during it counts its own allocations."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the figures then only bound the update's memory from below
+        pass
+
+
+def timed_update(trainer: Any, samples: list[Any], algorithm: Any, state: dict[str, Any]) -> tuple[float, int]:
+    """Seconds and peak extra bytes of one update of ``algorithm`` on ``samples`` from ``state``."""
+    import torch
+
+    trainer.policy.unwrapped.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.algorithm = algorithm
+    cuda = torch.cuda.is_available() and trainer.policy.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    with PeakRSS() as rss:
+        began = time.perf_counter()
+        trainer.update(samples)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - began
+    peak = torch.cuda.max_memory_allocated() - before if cuda else rss.extra
+    return seconds, peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=("tiny", "small"), default="small")
+    parser.add_argument("--repeats", type=int, default=5, help="timed updates of each variant (median reported)")
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/envrl_overhead"))
+    args = parser.parse_args()
+
+    import torch
+
+    from envrl.training.algorithms import algorithm_class
+    from envrl.training.config import build_config
+    from envrl.training.loop import Trainer
+    from envrl.training.scratch_model import init_model
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="envrl-overhead-"))
+    model = work / "model"
+    init_model(model, args.size, envs=("textworld",), seed=0, env_kwargs={"textworld": {"families": ["custom"]}})
+    sets = [
+        f"policy.model={model}",
+        f"out={work / 'run'}",
+        "updates=10",
+        f"rollout.groups={args.groups}",
+        f"rollout.group_size={args.group_size}",
+        "rollout.max_steps=10",
+        "algorithm.base=grpo",
+        "algorithm.kl_coef=0.0",
+        "eval.episodes=0",
+    ]
+    config = build_config(
+        "envrl", "textworld", algorithm_config=algorithm_class("envrl").Config, files=[CONFIG], sets=sets
+    )
+    trainer = Trainer(config)
+    try:
+        envrl = trainer.algorithm
+        batch = envrl.collect(trainer, 0)  # ENVRL's batch: GRPO's step samples, each with its SP and ID samples
+        samples = list(batch.samples)
+        steps = [sample.step for sample in samples]
+        state = {
+            "model": copy.deepcopy(trainer.policy.unwrapped.state_dict()),
+            "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+        }
+        timed_update(trainer, steps, envrl.base, state)  # warm-up (allocator, kernels)
+        timed_update(trainer, samples, envrl, state)
+        runs: dict[str, list[tuple[float, int]]] = {"grpo": [], "envrl": []}
+        for _ in range(args.repeats):  # alternate, so drift in machine load hits both alike
+            runs["grpo"].append(timed_update(trainer, steps, envrl.base, state))
+            runs["envrl"].append(timed_update(trainer, samples, envrl, state))
+    finally:
+        trainer.close()
+    result: dict[str, Any] = {
+        "size": args.size,
+        "device": str(trainer.policy.device),
+        "torch_threads": torch.get_num_threads(),
+        "step_samples": len(steps),
+        "aux_samples": sum(len(sample.aux) for sample in samples),
+        "rl_units": int(batch.metrics.get("samples", len(steps))),
+        "aux_tokens": batch.metrics.get("aux/tokens"),
+        "repeats": args.repeats,
+    }
+    for name, values in runs.items():
+        result[name] = {
+            "seconds": [round(s, 4) for s, _ in values],
+            "median_seconds": statistics.median(s for s, _ in values),
+            "peak_mib": [round(m / 2**20, 1) for _, m in values],
+            "median_peak_mib": statistics.median(m for _, m in values) / 2**20,
+        }
+    result["time_ratio"] = result["envrl"]["median_seconds"] / result["grpo"]["median_seconds"]
+    grpo_peak = result["grpo"]["median_peak_mib"]
+    result["memory_ratio"] = result["envrl"]["median_peak_mib"] / grpo_peak if grpo_peak > 0 else None
+    (args.out / "results.json").write_text(json.dumps(result, indent=2))
+    print(
+        f"{args.size} model, {result['step_samples']} step samples + {result['aux_samples']} SP/ID samples, "
+        f"{result['torch_threads']} threads on {result['device']}"
+    )
+    for name in ("grpo", "envrl"):
+        r = result[name]
+        print(
+            f"{name:6} update {r['median_seconds']:.2f} s (median of {args.repeats}), peak +{r['median_peak_mib']:.0f} MiB"
+        )
+    memory = f"{result['memory_ratio']:.2f}" if result["memory_ratio"] is not None else "n/a"
+    print(f"ENVRL / GRPO: time x{result['time_ratio']:.2f}, peak memory x{memory}")
+
+
+if __name__ == "__main__":
+    main()
