@@ -147,6 +147,79 @@ def play_episode(
     return rows, bool(info.get("success", False))
 
 
+class ExpertPlay:
+    """An expert and its env, ready to play episodes (a context manager that closes both).
+
+    ``agent``: a spec for :func:`envrl.agents.make_agent` (default :func:`default_agent`). The
+    env is ``gym.make(env_id, split=split, **agent.env_kwargs, **env_kwargs)``. Episode ``i``
+    plays ``task_ids[i % n]`` (default: the split's tasks) with seed ``seed + i``, the rule of
+    evaluation runs. ValueError on bad input (unknown env, split or task id, empty split).
+    """
+
+    def __init__(
+        self,
+        env: str,
+        split: str,
+        *,
+        agent: str | None = None,
+        seed: int = 0,
+        env_kwargs: Mapping[str, Any] | None = None,
+        task_ids: Sequence[str] | None = None,
+    ) -> None:
+        import gymnasium as gym
+
+        from envrl.agents import make_agent
+        from envrl.evaluation.config import resolve_env
+
+        self.name, self.env_id = resolve_env(env)
+        self.split, self.seed = split, seed
+        self.spec = agent or default_agent(self.name)
+        self.expert = make_agent(self.spec, self.name, seed=seed)
+        self.env_kwargs = {**getattr(self.expert, "env_kwargs", {}), **dict(env_kwargs or {})}
+        self.game: Any = None
+        try:
+            self.game = gym.make(self.env_id, split=split, **self.env_kwargs)
+            self.tasks = _check_tasks(task_ids, [str(t) for t in self.game.unwrapped.task_ids], split)
+            if not self.tasks:
+                raise ValueError(f"split {split!r} of {self.name} holds no tasks with these env settings")
+        except BaseException:
+            self.close()
+            raise
+
+    def episodes(
+        self, count: int, conversation: Conversation, progress: bool = False
+    ) -> Iterator[tuple[int, list[dict[str, Any]], bool]]:
+        """Play episodes ``0 .. count - 1``: each one's index, rows (:func:`play_episode`) and success."""
+        for i in _progress(range(count), progress, f"{self.name} {self.split}"):
+            task_id, episode_seed = self.tasks[i % len(self.tasks)], self.seed + i
+            self.expert.reset(seed=episode_seed)
+            rows, success = play_episode(
+                self.game,
+                conversation,
+                self.expert.act,
+                env_name=self.name,
+                split=self.split,
+                task_id=task_id,
+                seed=episode_seed,
+                episode=i,
+            )
+            yield i, rows, success
+
+    def close(self) -> None:
+        if self.game is not None:
+            self.game.close()
+            self.game = None
+        close = getattr(self.expert, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> ExpertPlay:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def collect_expert_data(
     env: str,
     split: str,
@@ -161,67 +234,37 @@ def collect_expert_data(
     task_ids: Sequence[str] | None = None,
     progress: bool = False,
 ) -> Path:
-    """Play ``episodes`` expert episodes and write ``out_dir/data.parquet`` and ``out_dir/meta.json``.
-
-    ``agent``: a spec for :func:`envrl.agents.make_agent` (default :func:`default_agent`).
-    The env is ``gym.make(env_id, split=split, **agent.env_kwargs, **env_kwargs)``. Episode
-    ``i`` plays ``task_ids[i % n]`` (default: the split's tasks) with seed ``seed + i``.
-    Returns ``out_dir``; ValueError on bad input (unknown env, template or task id, episodes < 1).
-    """
-    import gymnasium as gym
-
-    from envrl.agents import make_agent
+    """Play ``episodes`` expert episodes (:class:`ExpertPlay`) and write ``out_dir/data.parquet``
+    and ``out_dir/meta.json``. Returns ``out_dir``; ValueError on bad input (unknown env,
+    template or task id, episodes < 1)."""
     from envrl.agents.prompts import Conversation, load_template
-    from envrl.evaluation.config import resolve_env
 
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     if history < 0:
         raise ValueError(f"history must be >= 0, got {history}")
-    name, env_id = resolve_env(env)
     prompt_template = load_template(template)
-    spec = agent or default_agent(name)
-    expert = make_agent(spec, name, seed=seed)
-    kwargs = {**getattr(expert, "env_kwargs", {}), **dict(env_kwargs or {})}
-    game: Any = gym.make(env_id, split=split, **kwargs)
-    try:
-        tasks = _check_tasks(task_ids, list(game.unwrapped.task_ids), split)
-        conversation = Conversation(prompt_template, name, history)
-        rows: list[dict[str, Any]] = []
-        failed: list[dict[str, Any]] = []
-        for i in _progress(range(episodes), progress, f"{name} {split}"):
-            task_id, episode_seed = tasks[i % len(tasks)], seed + i
-            expert.reset(seed=episode_seed)
-            episode_rows, success = play_episode(
-                game,
-                conversation,
-                expert.act,
-                env_name=name,
-                split=split,
-                task_id=task_id,
-                seed=episode_seed,
-                episode=i,
-            )
+    rows: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    with ExpertPlay(env, split, agent=agent, seed=seed, env_kwargs=env_kwargs, task_ids=task_ids) as play:
+        conversation = Conversation(prompt_template, play.name, history)
+        for i, episode_rows, success in play.episodes(episodes, conversation, progress):
             if success:
                 rows.extend(episode_rows)
             else:
-                failed.append({"episode": i, "task_id": task_id, "seed": episode_seed, "turns": len(episode_rows)})
-    finally:
-        game.close()
-        close = getattr(expert, "close", None)
-        if callable(close):
-            close()
+                task_id = play.tasks[i % len(play.tasks)]
+                failed.append({"episode": i, "task_id": task_id, "seed": seed + i, "turns": len(episode_rows)})
     meta = {
-        "env": name,
-        "env_id": env_id,
+        "env": play.name,
+        "env_id": play.env_id,
         "split": split,
-        "agent": spec,
-        "agent_name": str(getattr(expert, "name", spec)),
+        "agent": play.spec,
+        "agent_name": str(getattr(play.expert, "name", play.spec)),
         "template": prompt_template.name,
         "template_sha256": prompt_template.sha256,
         "history": history,
         "seed": seed,
-        "env_kwargs": kwargs,
+        "env_kwargs": play.env_kwargs,
         "task_ids": list(task_ids) if task_ids is not None else None,
         "episodes": episodes,
         "kept": episodes - len(failed),

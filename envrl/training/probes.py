@@ -113,63 +113,33 @@ def collect_transitions(
     ``gym.make(env_id, split=split, **expert.env_kwargs, **env_kwargs)``. ValueError (one
     sentence) for an unknown env or split, or episodes < 1.
     """
-    import gymnasium as gym
-
-    from envrl.agents import make_agent
     from envrl.agents.prompts import Conversation, Turn, load_template
-    from envrl.evaluation.config import resolve_env
-    from envrl.training.data import default_agent, play_episode
+    from envrl.training.data import DEFAULT_TEMPLATE, ExpertPlay
 
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
-    name, env_id = resolve_env(env)
-    expert = make_agent(agent or default_agent(name), name, seed=seed)
-    kwargs = {**getattr(expert, "env_kwargs", {}), **dict(env_kwargs or {})}
     transitions: list[Transition] = []
-    try:
-        game: Any = gym.make(env_id, split=split, **kwargs)
-        try:
-            tasks = [str(t) for t in game.unwrapped.task_ids]
-            if not tasks:
-                raise ValueError(f"split {split!r} of {name} holds no tasks with these env settings")
-            # the prompts play_episode builds are not used: the probes build their own
-            conversation = Conversation(load_template(DEFAULT_TEMPLATE), name, 0)
-            for i in range(episodes):
-                task_id, episode_seed = tasks[i % len(tasks)], seed + i
-                expert.reset(seed=episode_seed)
-                rows, _ = play_episode(
-                    game,
-                    conversation,
-                    expert.act,
-                    env_name=name,
-                    split=split,
-                    task_id=task_id,
-                    seed=episode_seed,
-                    episode=i,
-                )
-                history: list[Turn] = []
-                for row in rows:
-                    if not row["done"]:
-                        transitions.append(
-                            Transition(
-                                episode=i,
-                                step=int(row["step"]),
-                                task_id=task_id,
-                                instruction=row["instruction"],
-                                history=tuple(history),
-                                observation=row["observation"],
-                                action=row["action"],
-                                next_observation=row["next_observation"],
-                                admissible_actions=tuple(row["admissible_actions"]),
-                            )
+    with ExpertPlay(env, split, agent=agent, seed=seed, env_kwargs=env_kwargs) as play:
+        # the prompts play_episode builds are not used: the probes build their own
+        conversation = Conversation(load_template(DEFAULT_TEMPLATE), play.name, 0)
+        for i, rows, _ in play.episodes(episodes, conversation):
+            history: list[Turn] = []
+            for row in rows:
+                if not row["done"]:
+                    transitions.append(
+                        Transition(
+                            episode=i,
+                            step=int(row["step"]),
+                            task_id=row["task_id"],
+                            instruction=row["instruction"],
+                            history=tuple(history),
+                            observation=row["observation"],
+                            action=row["action"],
+                            next_observation=row["next_observation"],
+                            admissible_actions=tuple(row["admissible_actions"]),
                         )
-                    history.append(Turn(observation=row["observation"], action=row["action"]))
-        finally:
-            game.close()
-    finally:
-        close = getattr(expert, "close", None)
-        if callable(close):
-            close()
+                    )
+                history.append(Turn(observation=row["observation"], action=row["action"]))
     return transitions
 
 
