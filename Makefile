@@ -9,7 +9,7 @@ WORKERS ?= 2
 EVAL = $(BIN)/envrl eval --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 # the training part of the demo: TextWorld's short custom quests, a from-scratch model, SFT on the expert
 TRAIN_DIR ?= runs/demo-train
-TW_CUSTOM = --env textworld --max-steps 15 --env-arg 'families=["custom"]' --episodes 17
+TW_CUSTOM = --env textworld --max-steps 15 --env-arg 'families=["custom"]' --episodes 34
 CPU_CONFIG = benchmarks/configs/textworld_cpu.yaml
 
 # Tests: fast ones by default; CI (CI=true) runs all of them: slow, browser and container too.
@@ -33,8 +33,8 @@ $(STAMP): pyproject.toml
 # then a short training run, then the leaderboard. (TextWorld and ScienceWorld: 30 episodes per split;
 # ScienceWorld's 30 cover all 30 tasks; TextWorld's games are generated on first use, ~1 min per split.)
 # Training (a few minutes on 2 cores): a from-scratch model learns TextWorld's custom quests by SFT on
-# 30 expert episodes; it is evaluated before and after (agents sft-demo@0 and sft-demo@30) beside
-# random and expert on the same 17 ID and 17 OOD custom games.
+# 60 expert episodes; it is evaluated before and after (agents sft-demo@0 and sft-demo@50) beside
+# random and expert on the same 34 ID and 34 OOD custom games.
 demo: $(STAMP)
 	env -u ALFWORLD_DATA $(EVAL) --env alfworld --split valid_seen --agent expert --episodes 140
 	env -u ALFWORLD_DATA $(EVAL) --env alfworld --split valid_unseen --agent expert --episodes 134
@@ -57,10 +57,10 @@ demo: $(STAMP)
 	$(EVAL) $(TW_CUSTOM) --split valid --agent expert
 	$(EVAL) $(TW_CUSTOM) --split test_ood --agent expert
 	test -f $(TRAIN_DIR)/model/config.json || $(BIN)/envrl model init $(TRAIN_DIR)/model --size tiny --envs textworld --vocab-size 2048
-	test -f $(TRAIN_DIR)/expert/meta.json || $(BIN)/envrl data expert --env textworld --split train --episodes 30 \
-		--history 1 --env-arg 'families=["custom"]' --out $(TRAIN_DIR)/expert --no-progress
+	test -f $(TRAIN_DIR)/expert/meta.json || $(BIN)/envrl data expert --env textworld --split train --episodes 60 \
+		--template compact --history 0 --env-arg 'families=["custom"]' --out $(TRAIN_DIR)/expert --no-progress
 	$(BIN)/envrl train --algo sft --env textworld --model $(TRAIN_DIR)/model --data $(TRAIN_DIR)/expert \
-		--out $(TRAIN_DIR)/sft --config $(CPU_CONFIG) --updates 30 --set name=sft-demo --set optim.lr=3e-3 \
+		--out $(TRAIN_DIR)/sft --config $(CPU_CONFIG) --updates 50 --set name=sft-demo --set optim.lr=3e-3 --set algorithm.objective=choice \
 		--runs-dir $(RUNS_DIR) --no-progress
 	$(BIN)/envrl leaderboard --runs-dir $(RUNS_DIR)
 

@@ -1,37 +1,36 @@
 """The CPU learning benchmark: SFT, then GRPO and GiGPO, with a from-scratch model on TextWorld quests.
 
-Status (see the README, "A CPU run that learns? Not yet"): at these settings nothing learns
-measurably on 2 cores, and a full 3-seed run has not been completed; the script runs end to end
-(checked with ``--seeds 0 --sft-updates 5 --rl-updates 1``).
-
 The task set is TextWorld's ``custom`` family (short quests in 3-6 rooms whose objective spells
 out every step; ``env_kwargs={"families": ["custom"]}``): training on the first
-``--train-tasks`` games of the train split, in-distribution (ID) evaluation on the ``valid``
-custom games and out-of-distribution (OOD) on the ``test_ood`` custom games (9-12 rooms,
-quests of 9-12 steps). For each seed:
+``--train-tasks`` (200) games of the train split, in-distribution (ID) evaluation on the 34
+``valid`` custom games and out-of-distribution (OOD) on the 34 ``test_ood`` custom games
+(9-12 rooms, quests of 9-12 steps, with the same 15-step limit: nearly out of reach). For each seed:
 
-1. ``envrl model init --size tiny`` (a from-scratch 0.23M-parameter Qwen2 and a BPE tokenizer
-   trained on TextWorld episodes), seeded; ``--size small`` (1.9M) is 4-5x slower per token;
-2. SFT on the expert's demonstrations of the train games (``envrl data expert``) with the
-   ``choice`` objective (the expert's action among the admissible ones: token cross-entropy
-   did not move a from-scratch policy at this budget), evaluated before (the random
-   initialisation) and after;
+1. ``envrl model init --size tiny`` (a from-scratch 0.25M-parameter Qwen2 and a BPE tokenizer
+   trained on TextWorld episodes), seeded;
+2. SFT on the expert's demonstrations of the train games (``envrl data expert``, 200 episodes)
+   with the ``choice`` objective (the expert's action among the admissible ones), evaluated
+   before (the random initialisation) and after;
 3. GRPO and GiGPO, each from that seed's SFT checkpoint, under the same budget (updates,
-   groups, group size), in ``choose`` mode (the policy samples among the admissible actions by
-   their length-normalised scores), evaluated after; their "before" is the SFT checkpoint.
+   8 groups of 4), evaluated after; their "before" is the SFT checkpoint.
 
-Every policy is evaluated the same way: ``choose`` mode, sampling at temperature 1 (the
-distribution RL trains), the same episodes (seeded), on every ID and OOD game. Settings were
-fixed on the train split (training success) only; the ID/OOD numbers were not used to pick
-them. Intervals: 95% Wilson intervals over the episodes of all seeds pooled; per-seed rates
+Every policy acts in ``choose`` mode (it samples among the admissible actions by their
+length-normalised scores) with the ``compact`` prompt template and no history, so that the
+prompt fits the tiny model's 512 positions (settings: ``configs/textworld_cpu.yaml``, shared
+with ``make demo``). Every evaluation samples at temperature 1 (the distribution RL trains)
+on the same episodes (seeded). Settings were chosen on the train and valid splits only, never
+on test_ood. Intervals: 95% Wilson intervals over the episodes of all seeds pooled (they treat
+the 3 x 34 episodes as independent, which games shared across seeds are not); per-seed rates
 are in the JSON too.
 
-    .venv/bin/python benchmarks/learning_cpu.py                  # ~40 min on 2 cores
+    .venv/bin/python benchmarks/learning_cpu.py                  # 3 seeds; see the README for the time
+    .venv/bin/python benchmarks/learning_cpu.py --seeds 1        # one seed (seeds can run in parallel processes)
     .venv/bin/python benchmarks/learning_cpu.py --seeds 0 --rl-updates 2 --sft-updates 20   # a quick look
 
 Writes ``--out`` (default ``benchmarks/results/learning_cpu``): ``results.json``,
 ``curves.png`` and each run's folder (config, metrics.jsonl, checkpoints). Finished steps are
-kept, so an interrupted run resumes where it stopped.
+kept, so an interrupted run resumes where it stopped, and a final run over all seeds only
+gathers the finished ones into the table.
 """
 
 from __future__ import annotations
@@ -66,11 +65,11 @@ def settings(args: argparse.Namespace) -> dict[str, list[str]]:
     rl = shared + [
         f"rollout.groups={args.groups}",
         f"rollout.group_size={args.group_size}",
-        "optim.lr=1e-3",
+        f"optim.lr={args.rl_lr}",
         "algorithm.kl_coef=0.0",
         "eval.at_start=false",
     ]
-    sft = shared + ["optim.lr=3e-3", "algorithm.batch_size=32", "algorithm.objective=choice"]
+    sft = shared + [f"optim.lr={args.sft_lr}", "algorithm.batch_size=32", "algorithm.objective=choice"]
     return {"sft": sft, "grpo": rl, "gigpo": rl}
 
 
@@ -106,12 +105,14 @@ def run_method(algo: str, seed: int, model: Path, args: argparse.Namespace, extr
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--train-tasks", type=int, default=60)
-    parser.add_argument("--eval-episodes", type=int, default=17, help="per split (the first 17 of the 34 custom games)")
+    parser.add_argument("--train-tasks", type=int, default=200, help="the train split's first N custom games")
+    parser.add_argument("--eval-episodes", type=int, default=34, help="per split (34: every custom game once)")
     parser.add_argument("--size", choices=("tiny", "small"), default="tiny", help="model size (envrl model init)")
-    parser.add_argument("--sft-updates", type=int, default=40)
-    parser.add_argument("--rl-updates", type=int, default=4)
-    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--sft-updates", type=int, default=100)
+    parser.add_argument("--sft-lr", type=float, default=3e-3)
+    parser.add_argument("--rl-updates", type=int, default=30)
+    parser.add_argument("--rl-lr", type=float, default=1e-3)
+    parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=15)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/learning_cpu"))
@@ -131,7 +132,7 @@ def main() -> None:
 
         ids = [t for t in generate.task_ids("train") if t.startswith("tw-custom:")][: args.train_tasks]
         collect_expert_data(
-            ENV, "train", len(ids), data, template="action", history=1, env_kwargs=ENV_KWARGS, task_ids=ids
+            ENV, "train", len(ids), data, template="compact", history=0, env_kwargs=ENV_KWARGS, task_ids=ids
         )
     results: dict[str, Any] = {"settings": vars(args) | {"out": str(args.out)}, "seeds": {}}
     for seed in args.seeds:
@@ -214,7 +215,7 @@ def plot(results: dict[str, Any], args: argparse.Namespace) -> None:
             axes[1].plot([r["update"] for r in rows], [r.get("success_rate", 0) for r in rows], color=color, alpha=0.7)
         rows = _metrics(args.out / f"sft-seed{seed}")
         axes[0].plot([r["update"] for r in rows], [r.get("loss", 0) for r in rows], color="tab:green", alpha=0.7)
-    axes[0].set(title="SFT loss (per seed)", xlabel="update", ylabel="token cross-entropy")
+    axes[0].set(title="SFT loss (per seed)", xlabel="update", ylabel="cross-entropy of the expert action")
     axes[1].set(title="rollout success on train (blue GRPO, orange GiGPO)", xlabel="update", ylabel="success rate")
     labels, befores, afters, errs_b, errs_a = [], [], [], [], []
     for key, row in results["table"].items():
