@@ -183,7 +183,7 @@ class PromptTemplate:
             instruction=instruction,
             history=self._history(history, turn),
             turn=turn,
-            observation=_clip(observation),
+            observation=clip_observation(observation),
             admissible=self._admissible(admissible_actions),
             example_action=EXAMPLE_ACTIONS.get(env_name, "look"),
         )
@@ -197,7 +197,10 @@ class PromptTemplate:
         for offset, past in enumerate(history):
             lines.append(
                 self.history_turn.format(
-                    turn=first + offset, observation=_clip(past.observation), think=past.think, action=past.action
+                    turn=first + offset,
+                    observation=clip_observation(past.observation),
+                    think=past.think,
+                    action=past.action,
                 )
             )
         lines.append(self.history_footer)
@@ -252,7 +255,9 @@ class Conversation:
         self.turns.append(Turn(observation=str(observation), action=action, think=think))
 
 
-def _clip(text: str) -> str:
+def clip_observation(text: str) -> str:
+    """An observation as prompts show it: its last :data:`MAX_OBSERVATION_CHARS` characters (the
+    end says what changed). World-model prompts cut it the same way, so they see the policy's state."""
     text = str(text)
     if len(text) <= MAX_OBSERVATION_CHARS:
         return text

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from envrl.agents.generation import Message
-from envrl.agents.prompts import MAX_OBSERVATION_CHARS, TemplateError, Turn
+from envrl.agents.prompts import TemplateError, Turn, clip_observation
 
 #: built-in world-model templates, by name -> file in envrl/training/templates
 BUILTIN_WORLD_MODEL_TEMPLATES = {"world-model": "world_model.json", "inverse-dynamics": "inverse_dynamics.json"}
@@ -124,7 +124,7 @@ class WorldModelTemplate:
         the observation that followed."""
         self._require("inverse-dynamics")
         return self._messages(
-            instruction, history_turns, observation, history, next_observation=_clip(str(next_observation))
+            instruction, history_turns, observation, history, next_observation=clip_observation(str(next_observation))
         )
 
     def _require(self, kind: str) -> None:
@@ -143,22 +143,16 @@ class WorldModelTemplate:
         if history is not None:
             turns = turns[-history:] if history > 0 else []
         shown = "".join(
-            self.history_turn.format(observation=_clip(str(obs)), action=str(act))
+            self.history_turn.format(observation=clip_observation(str(obs)), action=str(act))
             for obs, act in (_turn_fields(turn) for turn in turns)
         )
         user = self.user.format(
-            instruction=str(instruction), history=shown, observation=_clip(str(observation)), **target_side
+            instruction=str(instruction), history=shown, observation=clip_observation(str(observation)), **target_side
         )
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
 
 _TURN_FIELDS = ("observation", "action")
-
-
-def _clip(text: str) -> str:
-    """An observation cut as the policy's prompt cuts it (its last :data:`MAX_OBSERVATION_CHARS`
-    characters), so the world model sees the state the policy sees."""
-    return text if len(text) <= MAX_OBSERVATION_CHARS else "[...] " + text[-MAX_OBSERVATION_CHARS:]
 
 
 def _turn_fields(turn: HistoryTurn) -> tuple[str, str]:

@@ -48,11 +48,10 @@ from envrl.agents.prompts import TemplateError, Turn
 from envrl.training.algorithms.base import Batch
 from envrl.training.algorithms.sft import SFT, SFTConfig
 from envrl.training.config import ConfigError
+from envrl.training.data import META_FILE
+from envrl.training.early_experience import EXPERT_FILE, ROLLOUT_FILE
 from envrl.training.losses import token_cross_entropy
 
-EXPERT_FILE = "expert.parquet"
-ROLLOUT_FILE = "rollout.parquet"
-META_FILE = "meta.json"
 #: the command that writes an early-experience folder (named in every error that asks for one)
 BUILD_COMMAND = "envrl data early-experience --env ENV --expert EXPERT_DIR --k K --out DIR"
 
