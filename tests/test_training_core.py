@@ -33,6 +33,36 @@ def _direct_scores(model, prompt_ids, candidates):
     return out
 
 
+def test_packed_scoring_of_many_prompts_matches_each_candidate_scored_alone(tiny_checkpoint: Path, monkeypatch) -> None:
+    """Prompts of different lengths, candidates split over rows and rows over forward passes:
+    every candidate's token log-probs equal those of its own forward pass after its prompt alone."""
+    from envrl.agents import choose
+
+    backend = HFBackend(str(tiny_checkpoint), device="cpu")
+    model = backend._model
+    prompts = [backend.encode(MESSAGES), backend.encode(MESSAGES[:1]), backend.encode(MESSAGES)[:7]]
+    candidates = [[backend.encode_response(c) for c in CANDIDATES * k] for k in (1, 2, 3)]
+    monkeypatch.setattr(choose, "CANDIDATE_CHUNK", 2)  # rows of at most 2 candidates, the prompt repeated
+    monkeypatch.setattr(choose, "PACKED_TOKENS", 120)  # several forward passes
+    items = list(zip(prompts, candidates))
+    scored = choose.score_candidate_sets(model, items, backend.pad_id)
+    for (prompt, options), grid in zip(items, scored):
+        assert grid.shape == (len(options), max(len(o) for o in options))
+        for row, tokens in enumerate(options):
+            ids = torch.tensor([list(prompt) + list(tokens)])
+            with torch.no_grad():
+                alone = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+            expected = [float(alone[len(prompt) - 1 + j, t]) for j, t in enumerate(tokens)]
+            assert grid[row, : len(tokens)].tolist() == pytest.approx(expected, abs=1e-4)
+            assert bool((grid[row, len(tokens) :] == 0).all())
+    # the scores keep the graph: a choice's log-prob has gradients for the model's weights
+    grid = choose.score_candidate_sets(model, items[:1], backend.pad_id)[0]
+    torch.log_softmax(grid.sum(1), 0)[1].backward()
+    assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in model.parameters())
+    with pytest.raises(ValueError, match="at least one candidate"):
+        choose.score_candidate_sets(model, [(prompts[0], [])], backend.pad_id)
+
+
 def test_choose_scores_match_a_direct_computation_and_probabilities_sum_to_one(tiny_checkpoint: Path) -> None:
     backend = HFBackend(str(tiny_checkpoint), device="cpu")
     generation = backend.choose([MESSAGES], [CANDIDATES], SamplingConfig(temperature=1.0, seed=5))[0]

@@ -284,6 +284,30 @@ def test_two_stage_switches_at_the_rounded_fraction_and_then_is_sft(tiny_checkpo
     assert iwm.switch_update(5) == 2 and iwm.switch_update(4) == 2 and iwm.switch_update(7) == 4
 
 
+def test_two_stage_restarts_the_learning_rate_schedule_for_imitation() -> None:
+    """Each stage gets warmup and cosine decay over its own updates (hand-computed values)."""
+    from envrl.training.config import TrainConfig
+    from envrl.training.loop import _schedule
+
+    config = TrainConfig(algo="iwm", env="textworld", updates=6)
+    config.optim.schedule, config.optim.warmup_updates = "cosine", 1
+    iwm = IWM(IWMConfig(world_model_fraction=0.5))
+    assert iwm.stage_starts(6) == [0, 3]
+    lr = _schedule(config, iwm.stage_starts(6))
+    # per stage of 3 updates: warmup 1/1, then cosine over the remaining 2: 0.5 * (1 + cos(pi * k / 2))
+    assert [round(lr(step), 6) for step in range(6)] == [1.0, 1.0, 0.5, 1.0, 1.0, 0.5]
+    assert [round(_schedule(config)(step), 6) for step in range(6)] == [
+        1.0,
+        1.0,
+        0.904508,
+        0.654508,
+        0.345492,
+        0.095492,
+    ]
+    assert IWM(IWMConfig(schedule="mixed")).stage_starts(6) == [0]
+    assert IWM(IWMConfig(world_model_fraction=1.0)).stage_starts(6) == [0]
+
+
 def test_mixed_batches_hold_both_kinds_and_weigh_the_world_model(tiny_checkpoint: Path, folders) -> None:
     trainer = _trainer(tiny_checkpoint)
     config = IWMConfig(data=str(folders("textworld")), batch_size=4, schedule="mixed", world_model_weight=0.25)

@@ -360,8 +360,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"{eighth['transitions']}.",
         f"- IWM: two stages, next-state prediction for the first {round(args.wm_fraction * args.updates)} updates, "
         f"then the choice objective for {args.updates - round(args.wm_fraction * args.updates)}. The learning rate "
-        f"(10 warmup updates, then {args.schedule}) is one schedule over each run, so with cosine IWM imitates "
-        "on the decayed second half of it.",
+        f"(10 warmup updates, then {args.schedule}) restarts at the switch: each stage has a whole schedule, as "
+        "two runs one after the other would.",
         f"- {SR_LABEL}: template `benchmarks/configs/compact_think.json`; {args.sr_expert_fraction:.0%} of each "
         "batch plain expert samples with the choice objective, the reflections with the token loss. **The rationale "
         "is trained but not generated at evaluation**: choose mode scores `<think></think><action>a</action>`, "
@@ -437,7 +437,7 @@ def parse_args() -> argparse.Namespace:
         "--schedule",
         choices=("cosine", "constant"),
         default="cosine",
-        help="learning rate after the 10 warmup updates, one schedule over each run (default cosine, as SFT's)",
+        help="learning rate after the 10 warmup updates, over each run (IWM: over each stage; default cosine, as SFT's)",
     )
     parser.add_argument("--train-tasks", type=int, default=200, help="expert data: the first N train custom games")
     parser.add_argument("--k", type=int, default=3, help="alternative actions per expert state")

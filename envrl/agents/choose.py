@@ -13,10 +13,15 @@ score of multiple-choice evaluation): a model trained from scratch starts near a
 choice instead of always picking the shortest action, since every token costs it about the
 same log-probability.
 
-The prompt is run once and its keys/values shared by all candidates (one forward over the
-prompt, one batched forward over the candidates), which is what makes scoring tens of actions
-affordable. :func:`score_candidates` keeps the autograd graph, so training differentiates
-``log pi(a | s)`` through exactly the computation that chose ``a``.
+Scoring is packed: a prompt and all its candidates form one row, the prompt first and the
+candidates after it, with an attention mask under which each candidate's tokens see the prompt
+and their own earlier tokens only, and position ids that start every candidate right after the
+prompt. Each candidate is thus scored exactly as if it followed the prompt alone, the prompt is
+computed once, and many prompts' rows go through the model in one forward pass (rollouts score
+a whole batch of envs at once, training a whole micro-batch), which is what makes scoring tens
+of actions for tens of envs affordable. :func:`score_candidate_sets` keeps the autograd graph,
+so training differentiates ``log pi(a | s)`` through exactly the computation that chose ``a``.
+The mask is a 4D float mask, which transformers' ``eager`` and ``sdpa`` attention accept.
 """
 
 from __future__ import annotations
@@ -28,57 +33,126 @@ import numpy as np
 
 #: how a candidate's token log-probs make its score
 CHOOSE_SCORES = ("sum", "mean")
-#: candidates scored in one batched forward (a longer list is scored in chunks, the prompt rerun per chunk)
+#: candidates packed into one row (a longer list is split over several rows, each with its own copy of the prompt)
 CANDIDATE_CHUNK = 64
+#: rows times padded length of one forward pass (a bigger batch is split)
+PACKED_TOKENS = 16384
 
 
 def score_candidates(model: Any, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]], pad_id: int) -> Any:
     """``[n, width]`` log-probabilities of each candidate's tokens given the prompt (0 past its end).
 
-    The score of candidate ``i`` is row ``i``'s sum. Runs ``model`` with gradients when the
-    caller has them on (training), so wrap it in ``torch.inference_mode()`` to act.
+    The score of candidate ``i`` is row ``i``'s sum. One prompt's case of :func:`score_candidate_sets`.
+    """
+    return score_candidate_sets(model, [(prompt_ids, candidates)], pad_id)[0]
+
+
+def score_candidate_sets(
+    model: Any, items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], pad_id: int
+) -> list[Any]:
+    """For each ``(prompt_ids, candidates)`` item, the ``[n, width]`` log-probabilities of its
+    candidates' tokens given its prompt (0 past each candidate's end; ``width`` its longest).
+
+    Runs ``model`` with gradients when the caller has them on (training), so wrap it in
+    ``torch.inference_mode()`` to act.
     """
     import torch
 
-    if not candidates or any(len(c) == 0 for c in candidates):
-        raise ValueError("score_candidates needs at least one candidate, each of at least one token")
+    for prompt, candidates in items:
+        if not prompt or not candidates or any(len(c) == 0 for c in candidates):
+            raise ValueError("scoring needs a prompt and at least one candidate, each of at least one token")
     device = next(model.parameters()).device
-    width = max(len(c) for c in candidates)
-    rows = []
-    for start in range(0, len(candidates), CANDIDATE_CHUNK):
-        chunk = candidates[start : start + CANDIDATE_CHUNK]
-        rows.append(_score_chunk(model, list(prompt_ids), chunk, width, pad_id, device))
-    return torch.cat(rows, dim=0)
+    rows = [  # (item, first candidate's index, the candidates of the row)
+        (k, start, candidates[start : start + CANDIDATE_CHUNK])
+        for k, (_, candidates) in enumerate(items)
+        for start in range(0, len(candidates), CANDIDATE_CHUNK)
+    ]
+    lengths = [len(items[k][0]) + sum(len(c) for c in chunk) for k, _, chunk in rows]
+    # per item: the flat token log-probs of its candidates in order, gathered from every row
+    flat: list[list[Any]] = [[] for _ in items]
+    batch: list[int] = []
+    for r in sorted(range(len(rows)), key=lambda r: lengths[r]) + [-1]:
+        if r >= 0 and (not batch or (len(batch) + 1) * max(lengths[r], lengths[batch[-1]]) <= PACKED_TOKENS):
+            batch.append(r)
+            continue
+        if batch:
+            for row, values in zip(batch, _score_rows(model, items, [rows[b] for b in batch], pad_id, device)):
+                flat[rows[row][0]].append((rows[row][1], values))
+        batch = [r] if r >= 0 else []
+    out = []
+    for (_, candidates), parts in zip(items, flat):
+        values = torch.cat([v for _, v in sorted(parts, key=lambda part: part[0])])
+        width = max(len(c) for c in candidates)
+        row_index = torch.tensor([i for i, c in enumerate(candidates) for _ in c], device=device)
+        column = torch.tensor([j for c in candidates for j in range(len(c))], device=device)
+        grid = torch.zeros((len(candidates), width), dtype=torch.float32, device=device)
+        out.append(grid.index_put((row_index, column), values))
+    return out
 
 
-def _score_chunk(
-    model: Any, prompt_ids: list[int], chunk: Sequence[Sequence[int]], width: int, pad_id: int, device: Any
-) -> Any:
+def _score_rows(
+    model: Any,
+    items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
+    rows: Sequence[tuple[int, int, Sequence[Sequence[int]]]],
+    pad_id: int,
+    device: Any,
+) -> list[Any]:
+    """One forward over packed rows (see the module docstring); per row, its candidates' token
+    log-probs, flat, candidate after candidate."""
     import torch
 
-    prompt = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    head = model(input_ids=prompt, use_cache=True)
-    first = torch.log_softmax(head.logits[0, -1].float(), dim=-1)  # predicts each candidate's first token
-    # transformers 5 calls the key/value cache ``cache``; earlier releases ``past_key_values``
-    cache_name = "cache" if "cache" in getattr(head, "__dataclass_fields__", {}) else "past_key_values"
-    cache = getattr(head, cache_name)
-    n = len(chunk)
-    cache.batch_repeat_interleave(n)
-    ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((n, width), dtype=torch.float32, device=device)
-    for row, tokens in enumerate(chunk):
-        ids[row, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long, device=device)
-        mask[row, : len(tokens)] = 1.0
-    # Candidates are right-padded: causal attention keeps the padding out of every real token.
-    attention = torch.cat([torch.ones((n, len(prompt_ids)), dtype=torch.long, device=device), mask.long()], dim=1)
-    positions = torch.arange(len(prompt_ids), len(prompt_ids) + width, device=device).unsqueeze(0).expand(n, -1)
-    tail = model(input_ids=ids, attention_mask=attention, position_ids=positions, **{cache_name: cache})
-    logprobs = torch.log_softmax(tail.logits.float(), dim=-1)
-    token_logprobs = torch.empty((n, width), dtype=torch.float32, device=device)
-    token_logprobs[:, 0] = first[ids[:, 0]]
-    if width > 1:
-        token_logprobs[:, 1:] = logprobs[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return token_logprobs * mask
+    packed, positions, owners = [], [], []
+    for k, _, chunk in rows:
+        prompt = list(items[k][0])
+        ids, pos, owner = list(prompt), list(range(len(prompt))), [-1] * len(prompt)
+        for j, tokens in enumerate(chunk):
+            ids += list(tokens)
+            pos += range(len(prompt), len(prompt) + len(tokens))
+            owner += [j] * len(tokens)
+        packed.append(ids)
+        positions.append(pos)
+        owners.append(owner)
+    # left-padded, so that every row's candidates sit at its end and the model computes logits
+    # only for the last ``keep`` positions (the vocabulary projection is a large share of the work)
+    width = max(len(ids) for ids in packed)
+    n = len(packed)
+    ids_t = torch.full((n, width), pad_id, dtype=torch.long)
+    pos_t = torch.zeros((n, width), dtype=torch.long)
+    owner_t = torch.full((n, width), -2, dtype=torch.long)  # -2: padding, -1: the prompt, j: candidate j
+    for row in range(n):
+        length = len(packed[row])
+        ids_t[row, width - length :] = torch.tensor(packed[row])
+        pos_t[row, width - length :] = torch.tensor(positions[row])
+        owner_t[row, width - length :] = torch.tensor(owners[row])
+    query, key = owner_t.unsqueeze(2), owner_t.unsqueeze(1)
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    allowed = causal & (key != -2) & ((key == -1) | (key == query))
+    allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: no row is all masked
+    mask = torch.zeros((n, 1, width, width), dtype=torch.float32)
+    mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(torch.float32).min)
+    keep = max(sum(len(tokens) for tokens in chunk) for _, _, chunk in rows) + 1
+    logits = model(
+        input_ids=ids_t.to(device),
+        attention_mask=mask.to(device),
+        position_ids=pos_t.to(device),
+        logits_to_keep=keep,
+    ).logits
+    # candidate token t of a row is predicted at the prompt's last position (its first token) or
+    # at the position of the candidate's previous token; column c of ``logits`` is row position width - keep + c
+    rows_index, predictors, targets = [], [], []
+    for row, (k, _, chunk) in enumerate(rows):
+        prompt_end = width - len(packed[row]) + len(items[k][0]) - (width - keep)  # first candidate token's column
+        cursor = prompt_end
+        for tokens in chunk:
+            predictors += [prompt_end - 1] + list(range(cursor, cursor + len(tokens) - 1))
+            rows_index += [row] * len(tokens)
+            targets += list(tokens)
+            cursor += len(tokens)
+    selected = logits[torch.tensor(rows_index, device=device), torch.tensor(predictors, device=device)]
+    token_logprobs = torch.log_softmax(selected.float(), dim=-1)
+    token_logprobs = token_logprobs.gather(-1, torch.tensor(targets, device=device).unsqueeze(-1)).squeeze(-1)
+    counts = [sum(len(tokens) for tokens in chunk) for _, _, chunk in rows]
+    return list(torch.split(token_logprobs, counts))
 
 
 def candidate_scores(token_logprobs: Any, candidates: Sequence[Sequence[int]], score: str = "sum") -> Any:

@@ -213,44 +213,49 @@ class HFBackend:
         import numpy as np
         import torch
 
-        from envrl.agents.choose import candidate_scores, choice_distribution, sample_choice, score_candidates
+        from envrl.agents.choose import candidate_scores, choice_distribution, sample_choice, score_candidate_sets
 
-        results = []
+        began = time.perf_counter()
+        results: list[Generation | None] = [None] * len(prompts)
+        ready: dict[int, tuple[list[int], list[list[int]]]] = {}  # prompt index -> (prompt ids, candidates' ids)
         for i, (messages, texts) in enumerate(zip(prompts, candidates)):
-            start = time.perf_counter()
             try:
                 if not texts:
                     raise ValueError("choose mode needs admissible actions, and this step has none")
                 options = [self.encode_response(text) for text in texts]
-                prompt_ids = self._truncate(self.encode(messages), max(len(o) for o in options))
-                with torch.inference_mode():
-                    token_logprobs = score_candidates(self._model, prompt_ids, options, self.pad_id)
-                    scores = candidate_scores(token_logprobs, options, score)
-                    log_probs = choice_distribution(scores, sampling.temperature).cpu()
-                seed = seeds[i] if seeds is not None and seeds[i] is not None else sampling.seed
-                if seeds is None and seed is not None:
-                    seed = seed + i
-                choice = sample_choice(np.asarray(log_probs, dtype=np.float64), sampling.temperature, seed)
+                ready[i] = (self._truncate(self.encode(messages), max(len(o) for o in options)), options)
             except Exception as exc:
-                results.append(_failed(exc, 0, time.perf_counter() - start))
-                continue
+                results[i] = _failed(exc, 0, time.perf_counter() - began)
+        try:  # every prompt's candidates in as few forward passes as fit (choose.PACKED_TOKENS)
+            with torch.inference_mode():
+                scored = score_candidate_sets(self._model, list(ready.values()), self.pad_id)
+        except Exception as exc:
+            for i in ready:
+                results[i] = _failed(exc, 0, time.perf_counter() - began)
+            ready = {}
+        latency = time.perf_counter() - began
+        for (i, (prompt_ids, options)), token_logprobs in zip(ready.items(), scored if ready else []):
+            scores = candidate_scores(token_logprobs, options, score)
+            log_probs = choice_distribution(scores, sampling.temperature).cpu()
+            seed = seeds[i] if seeds is not None and seeds[i] is not None else sampling.seed
+            if seeds is None and seed is not None:
+                seed = seed + i
+            choice = sample_choice(np.asarray(log_probs, dtype=np.float64), sampling.temperature, seed)
             chosen = options[choice]
-            results.append(
-                Generation(
-                    text=texts[choice],
-                    finish_reason="stop",
-                    prompt_tokens=len(prompt_ids),
-                    completion_tokens=len(chosen),
-                    latency=time.perf_counter() - start,
-                    prompt_token_ids=prompt_ids,
-                    token_ids=chosen,
-                    token_logprobs=token_logprobs[choice, : len(chosen)].tolist(),
-                    candidate_token_ids=options,
-                    choice=choice,
-                    choice_logprob=float(log_probs[choice]),
-                )
+            results[i] = Generation(
+                text=candidates[i][choice],
+                finish_reason="stop",
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=len(chosen),
+                latency=latency,
+                prompt_token_ids=prompt_ids,
+                token_ids=chosen,
+                token_logprobs=token_logprobs[choice, : len(chosen)].tolist(),
+                candidate_token_ids=options,
+                choice=choice,
+                choice_logprob=float(log_probs[choice]),
             )
-        return results
+        return [r if r is not None else _failed(RuntimeError("no result"), 0, latency) for r in results]
 
     def _truncate(self, ids: list[int], max_new: int) -> list[int]:
         """Keep the last tokens so that prompt + ``max_new`` fits the context window.

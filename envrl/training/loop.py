@@ -58,7 +58,7 @@ class Trainer:
         self.algorithm: Algorithm = algorithm_class(config.algo)(config.algorithm)
         self.algorithm.check(config)
         # DDP's buffer broadcast before every forward would make ranks disagree on the number of
-        # collective calls (a choose-mode sample runs the model twice); the model's only buffers
+        # collective calls (a micro-batch of choose-mode and token samples runs the model twice); the model's only buffers
         # (rotary frequencies) never change, so there is nothing to broadcast.
         self.accelerator = Accelerator(
             cpu=config.policy.device == "cpu" or not torch.cuda.is_available(),
@@ -75,7 +75,9 @@ class Trainer:
             self.policy.keep_reference()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, _schedule(config, self.algorithm.stage_starts(config.updates))
+        )
         self.policy.model, self.optimizer, self.scheduler = self.accelerator.prepare(
             self.policy.model, optimizer, scheduler
         )
@@ -285,16 +287,21 @@ def _summary_numbers(summary: Any) -> dict[str, Any]:
     return {"run_id": summary.run_id, **summary.metrics.overall.to_dict()}
 
 
-def _schedule(config: TrainConfig) -> Any:
-    """The learning-rate multiplier per optimizer step: linear warmup, then constant, linear or cosine decay."""
+def _schedule(config: TrainConfig, stage_starts: Sequence[int] = (0,)) -> Any:
+    """The learning-rate multiplier per optimizer step: linear warmup, then constant, linear or cosine
+    decay, restarted at each stage's first update (``stage_starts``, 0-based updates; one stage
+    by default), so each stage has the whole schedule over its own updates."""
     o = config.optim
     if o.schedule not in ("constant", "linear", "cosine"):
         raise ConfigError(f"optim.schedule must be constant, linear or cosine, got {o.schedule!r}")
     steps_per_update = o.epochs * o.minibatches
-    warmup = o.warmup_updates * steps_per_update
-    total = max(config.updates * steps_per_update, 1)
+    bounds = sorted({0, *stage_starts}) + [config.updates]
+    stages = [(a * steps_per_update, max((b - a) * steps_per_update, 1)) for a, b in zip(bounds, bounds[1:])]
 
     def multiplier(step: int) -> float:
+        first, total = next((s for s in reversed(stages) if step >= s[0]), stages[0])
+        step -= first
+        warmup = o.warmup_updates * steps_per_update
         if step < warmup:
             return (step + 1) / warmup
         if o.schedule == "constant":

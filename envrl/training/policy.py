@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from envrl.agents.choose import candidate_scores, choice_distribution, score_candidates
+from envrl.agents.choose import candidate_scores, choice_distribution, score_candidate_sets
 from envrl.agents.generation import SamplingConfig
 from envrl.agents.hf import HFBackend
 from envrl.agents.llm import LLMAgent, LLMOptions, SharedBackend
@@ -146,9 +146,10 @@ class Policy:
         if generated:
             for i, row in zip(generated, self._response_logprobs(model, [samples[i] for i in generated], temperature)):
                 rows[i] = row
-        for i, sample in enumerate(samples):
-            if sample.candidate_ids is not None:
-                rows[i] = self._choice_logprob(model, sample, temperature)
+        chosen = [i for i, s in enumerate(samples) if s.candidate_ids is not None]
+        if chosen:
+            for i, row in zip(chosen, self._choice_logprobs(model, [samples[i] for i in chosen], temperature)):
+                rows[i] = row
         return _pad(rows, self.device)
 
     def reference_logprobs(self, samples: Sequence[ScoredSample]) -> torch.Tensor:
@@ -170,37 +171,48 @@ class Policy:
     def _response_logprobs(
         self, model: Any, samples: Sequence[ScoredSample], temperature: float
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One forward over right-padded prompt + response rows; each row's response tokens."""
+        """One forward over left-padded prompt + response rows; each row's response tokens. Every
+        response ends its row, so the model computes logits for the last ``keep`` positions only."""
         device = self.device
         width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+        keep = max(len(s.response_ids) for s in samples) + 1
         ids = torch.full((len(samples), width), self.backend.pad_id, dtype=torch.long, device=device)
         attention = torch.zeros((len(samples), width), dtype=torch.long, device=device)
+        positions = torch.zeros((len(samples), width), dtype=torch.long, device=device)
         for row, s in enumerate(samples):
             tokens = list(s.prompt_ids) + list(s.response_ids)
-            ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=device)
-            attention[row, : len(tokens)] = 1
-        logits = model(input_ids=ids, attention_mask=attention).logits.float() / temperature
+            ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long, device=device)
+            attention[row, width - len(tokens) :] = 1
+            positions[row, width - len(tokens) :] = torch.arange(len(tokens), device=device)
+        output = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=keep)
+        logits = output.logits.float() / temperature
         out = []
         for row, s in enumerate(samples):
-            start, count = len(s.prompt_ids), len(s.response_ids)
-            # position p predicts token p + 1: the response's tokens are predicted at start-1 .. start+count-2
-            row_logits = logits[row, start - 1 : start - 1 + count]
+            count = len(s.response_ids)
+            # column c is position width - keep + c; the response's tokens are predicted by the
+            # positions just before each: the last count + 1 columns but the final one
+            row_logits = logits[row, keep - count - 1 : keep - 1]
             log_probs = torch.log_softmax(row_logits, dim=-1)
-            targets = ids[row, start : start + count]
+            targets = ids[row, width - count :]
             token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
             entropy = -(log_probs.exp() * log_probs).sum(-1)
             out.append((token_logprobs, entropy))
         return out
 
-    def _choice_logprob(
-        self, model: Any, sample: ScoredSample, temperature: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        assert sample.candidate_ids is not None and sample.choice is not None
-        token_logprobs = score_candidates(model, sample.prompt_ids, sample.candidate_ids, self.backend.pad_id)
-        scores = candidate_scores(token_logprobs, sample.candidate_ids, self.config.choose_score)
-        log_probs = choice_distribution(scores, temperature)
-        entropy = -(log_probs.exp() * log_probs).sum()
-        return log_probs[sample.choice].reshape(1), entropy.reshape(1)
+    def _choice_logprobs(
+        self, model: Any, samples: Sequence[ScoredSample], temperature: float
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each choose-mode sample's one unit, ``log pi(choice | s)``, and the entropy of ``pi(. | s)``;
+        all samples' candidates scored together (:func:`~envrl.agents.choose.score_candidate_sets`)."""
+        items = [(s.prompt_ids, s.candidate_ids or []) for s in samples]
+        out = []
+        for sample, token_logprobs in zip(samples, score_candidate_sets(model, items, self.backend.pad_id)):
+            assert sample.candidate_ids is not None and sample.choice is not None
+            scores = candidate_scores(token_logprobs, sample.candidate_ids, self.config.choose_score)
+            log_probs = choice_distribution(scores, temperature)
+            entropy = -(log_probs.exp() * log_probs).sum()
+            out.append((log_probs[sample.choice].reshape(1), entropy.reshape(1)))
+        return out
 
     def _temperature(self) -> float:
         return self.config.temperature if self.config.temperature > 0 else 1.0

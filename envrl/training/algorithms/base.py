@@ -39,6 +39,12 @@ class Algorithm:
     def check(self, train_config: Any) -> None:
         """Raise :class:`~envrl.training.config.ConfigError` for settings this algorithm cannot use."""
 
+    def stage_starts(self, updates: int) -> list[int]:
+        """The updates (0-based) at which a training stage begins; the loop restarts the learning-rate
+        schedule (warmup, then decay) at each, so every stage gets a whole schedule of its own.
+        One stage by default."""
+        return [0]
+
     def collect(self, trainer: Any, update: int) -> Batch:
         raise NotImplementedError
 

@@ -275,6 +275,13 @@ class IWM(SFT):
         """two_stage: the first imitation update (0-based); the updates before it train the world model."""
         return round(self.config.world_model_fraction * updates)
 
+    def stage_starts(self, updates: int) -> list[int]:
+        """two_stage: the world model and imitation each get their own learning-rate schedule, as
+        two separate runs would (the paper trains the stages one after the other); imitation does
+        not inherit the world model's decayed rate."""
+        switch = self.switch_update(updates)
+        return [0, switch] if self.config.schedule == "two_stage" and 0 < switch < updates else [0]
+
     def collect(self, trainer: Any, update: int) -> Batch:
         c = self.config
         seed, rank, size = trainer.config.seed, trainer.rank, c.batch_size
