@@ -28,7 +28,7 @@ Inverse dynamics (ID), on the inverse-dynamics template: every candidate action 
 the response to ``(s_t, s_{t+1})``, written in the policy template's response format (as
 ``choose`` mode writes candidates), by its mean token log-probability (length-normalised, so
 long actions are not penalised for their length; :func:`~envrl.agents.choose.candidate_scores`
-with ``score="mean"``, the prompt's keys/values shared by all candidates). The candidates are
+with ``score="mean"``, the prompt computed once for all candidates). The candidates are
 the admissible actions at ``s_t``, each once (compared lowercased with whitespace collapsed),
 plus the expert's action where the list lacks it (WebShop lists ``search[<query>]``, not the
 query searched). Top-1 accuracy counts the argmax; candidates tied for the best score share
