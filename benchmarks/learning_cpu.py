@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from envrl.evaluation.metrics import wilson_interval  # noqa: E402
 
 ENV = "textworld"
 ENV_KWARGS = {"families": ["custom"]}
@@ -66,20 +67,14 @@ def settings(args: argparse.Namespace) -> dict[str, list[str]]:
         f"rollout.groups={args.groups}",
         f"rollout.group_size={args.group_size}",
         f"optim.lr={args.rl_lr}",
+        f"optim.minibatches={args.rl_minibatches}",
+        f"optim.epochs={args.rl_epochs}",
         "algorithm.kl_coef=0.0",
         "eval.at_start=false",
+        "eval.every=0",
     ]
     sft = shared + [f"optim.lr={args.sft_lr}", "algorithm.batch_size=32", "algorithm.objective=choice"]
     return {"sft": sft, "grpo": rl, "gigpo": rl}
-
-
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 0.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def run_method(algo: str, seed: int, model: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
@@ -112,6 +107,8 @@ def main() -> None:
     parser.add_argument("--sft-lr", type=float, default=3e-3)
     parser.add_argument("--rl-updates", type=int, default=30)
     parser.add_argument("--rl-lr", type=float, default=1e-3)
+    parser.add_argument("--rl-minibatches", type=int, default=1, help="optimizer steps per pass over a batch")
+    parser.add_argument("--rl-epochs", type=int, default=1, help="passes over each update's rollouts")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=15)
@@ -181,9 +178,9 @@ def table(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 per_seed.append({"seed": seed, "before": b[0] / b[1], "after": a[0] / a[1]})
             rows[f"{algo}/{kind}"] = {
                 "before": before[0] / before[1],
-                "before_ci": wilson(*before),
+                "before_ci": wilson_interval(*before),
                 "after": after[0] / after[1],
-                "after_ci": wilson(*after),
+                "after_ci": wilson_interval(*after),
                 "episodes": after[1],
                 "per_seed": per_seed,
             }

@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -71,6 +70,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from envrl.evaluation.metrics import wilson_interval  # noqa: E402
 
 ENV = "textworld"
 ENV_KWARGS = {"families": ["custom"]}
@@ -109,16 +110,6 @@ METHODS = (
     Method("sft-eighth", "sft", "SFT, 1/8 of the expert data", "eighth", False),
     Method("iwm-eighth", "iwm", "IWM, 1/8 of the expert data", "eighth", False),
 )
-
-
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The 95% Wilson score interval of ``successes`` in ``n``."""
-    if n == 0:
-        return (0.0, 0.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -275,7 +266,7 @@ def pooled(evals: list[dict[str, Any]]) -> dict[str, Any]:
         "successes": successes,
         "episodes": episodes,
         "rate": successes / episodes if episodes else 0.0,
-        "ci": wilson(successes, episodes),
+        "ci": wilson_interval(successes, episodes),
         "mean_turns_success": sum(t * n for t, n in turns) / won if won else None,
     }
 
