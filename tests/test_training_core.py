@@ -263,3 +263,25 @@ def test_lora_trains_adapters_only_and_saves_a_plain_checkpoint(tiny_checkpoint:
         merged = torch.log_softmax(saved(input_ids=ids).logits[0].float(), dim=-1)
     got = [float(merged[len(prompt) - 1 + j, t]) for j, t in enumerate(sample.response_ids)]
     assert got == pytest.approx(trained[0, : len(got)].tolist(), abs=1e-4)
+
+
+def test_a_second_run_into_the_same_output_folder_stops_at_start(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Two processes training into one folder would interleave checkpoints and metrics: the
+    second stops with one sentence while the first holds the folder, and starts once it is closed."""
+    from envrl.training.loop import Trainer
+
+    def config():
+        return build_config(
+            "grpo",
+            "textworld",
+            algorithm_config=GRPOConfig,
+            sets=[f"policy.model={tiny_checkpoint}", f"out={tmp_path / 'out'}", "policy.device=cpu"],
+        )
+
+    first = Trainer(config())
+    try:
+        with pytest.raises(ConfigError, match="another training run writes there"):
+            Trainer(config())
+    finally:
+        first.close()
+    Trainer(config()).close()

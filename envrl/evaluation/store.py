@@ -782,7 +782,7 @@ def _signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-class _FileLock:
+class FileLock:
     """An exclusive, non-blocking ``flock`` held while this process writes a run (POSIX only;
     the kernel releases it when the process dies, however it dies)."""
 
@@ -835,7 +835,7 @@ class RunWriter:
         self.run_dir = store.run_dir(run_id)
         self.jsonl_path = self.run_dir / JSONL_NAME
         self.config_path = self.run_dir / CONFIG_NAME
-        self._lock = _FileLock(self.run_dir / LOCK_NAME)
+        self._lock = FileLock(self.run_dir / LOCK_NAME)
         self._conn: sqlite3.Connection | None = store.connect()
         self._jsonl = None
         try:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from envrl.evaluation.store import FileLock, RunLocked
 from envrl.training.algorithms import Algorithm, algorithm_class
 from envrl.training.checkpoints import check_output, checkpoint_dir, latest_checkpoint, load_state, save_state
 from envrl.training.config import ConfigError, TrainConfig
@@ -65,8 +66,14 @@ class Trainer:
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
         )
         self.rank = self.accelerator.process_index
+        self._lock: FileLock | None = None
         if self.accelerator.is_main_process:
-            check_output(self.out, config)
+            self._lock = _lock_output(self.out)
+            try:
+                check_output(self.out, config)
+            except ConfigError:
+                self._lock.release()
+                raise
         self.accelerator.wait_for_everyone()
         torch.manual_seed(config.seed + self.rank)
         self.policy = Policy(config.policy, config.env)
@@ -271,6 +278,21 @@ class Trainer:
         if self._rollout is not None:
             self._rollout.close()
             self._rollout = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+def _lock_output(out: Path) -> FileLock:
+    """Hold ``out/.lock`` for the run: a second process training into the same folder would
+    interleave its checkpoints and metrics with this one's, so it stops at start instead."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(out / ".lock")
+    try:
+        lock.acquire()
+    except RunLocked as exc:
+        raise ConfigError(f"{exc}: another training run writes there; wait for it or choose another --out") from None
+    return lock
 
 
 def train(config: TrainConfig, stop_after: int | None = None, progress: bool = True) -> dict[str, Any]:
