@@ -171,6 +171,26 @@ def test_parse_without_required_reasoning_and_overlong_actions():
     assert parse_response(long_action).problem == f"action longer than {MAX_ACTION_CHARS} characters"
 
 
+@pytest.mark.parametrize(
+    ("text", "action"),
+    [
+        ('<tool_call>{"name": "act", "arguments": {"action": "go  north"}}</tool_call>', "go north"),
+        ('<tool_call>\n{"name": "search", "arguments": {"query": "red shoes"}}\n</tool_call>', "search[red shoes]"),
+        ('<tool_call>{"name": "click", "arguments": {"target": "buy now"}}</tool_call><|im_end|>', "click[buy now]"),
+        ('<tool_call>{"name": "act", "arguments": {"action": "look"}}</tool_call>' * 2, None),  # two calls
+        ('<tool_call>{"name": "act", "arguments": {"action": 3}}</tool_call>', None),  # not text
+        ('<tool_call>{"name": "jump", "arguments": {"action": "up"}}</tool_call>', None),  # not an envrl tool
+        ('<tool_call>{"name": "act", "arguments": </tool_call>', None),  # broken JSON
+    ],
+)
+def test_a_tool_call_is_read_as_its_action_where_no_reasoning_is_required(text, action):
+    parsed = parse_response(text, require_think=False)
+    assert parsed.action == action and parsed.format_valid is (action is not None)
+    assert parse_response(text).action is None  # the think-action format still needs its tags
+    # an <action> tag wins over a tool call
+    assert parse_response("<action>look</action>" + text, require_think=False).action == "look"
+
+
 def test_huge_responses_parse_quickly_and_are_counted_invalid_without_an_action():
     huge = "<think>" + "blah " * 400_000 + "</think><action>look</action>"  # 2 MB, action past the cut
     start = time.perf_counter()

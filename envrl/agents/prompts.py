@@ -25,7 +25,11 @@ actions) are inserted as they are and never formatted again, so braces in them a
 one complete ``<action>...</action>`` with a non-empty action and, when the template asks for
 reasoning, exactly one ``<think>...</think>`` before it. Anything else (no tags, two actions,
 an unclosed tag, an empty action) is counted invalid and yields no action: the agent then
-sends an empty action, which every env answers with its invalid-action feedback.
+sends an empty action, which every env answers with its invalid-action feedback. One other
+form is read where no reasoning is required: a response without ``<action>`` that holds exactly
+one ``<tool_call>{"name": "act"|"search"|"click", "arguments": {...}}</tool_call>``, the answer of
+a checkpoint trained through TRL's tools (:mod:`envrl.integrations.trl`), gives that tool's
+action (``act``'s text, ``search[...]``, ``click[...]``), so ``envrl eval`` scores such models too.
 """
 
 from __future__ import annotations
@@ -292,6 +296,27 @@ def load_template(name_or_path: str | Path = DEFAULT_TEMPLATE) -> PromptTemplate
 # ---- parsing ----------------------------------------------------------------------------
 
 _TAG = re.compile(r"<(/?)(think|action)\s*>", re.IGNORECASE)
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+#: the tools of envrl's trainer adapters, read as env actions: tool -> (argument, action format)
+TOOL_ACTIONS = {"act": ("action", "{}"), "search": ("query", "search[{}]"), "click": ("target", "click[{}]")}
+
+
+def _tool_call_action(text: str) -> str | None:
+    """The action of exactly one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` naming
+    ``act``, ``search`` or ``click`` with a text argument (the format TRL-trained checkpoints answer
+    in), else None."""
+    calls = _TOOL_CALL.findall(text)
+    if len(calls) != 1:
+        return None
+    try:
+        call = json.loads(calls[0])
+    except json.JSONDecodeError:
+        return None
+    spec = TOOL_ACTIONS.get(call.get("name")) if isinstance(call, dict) else None
+    arguments = call.get("arguments") if spec else None
+    if spec is None or not isinstance(arguments, dict) or not isinstance(arguments.get(spec[0]), str):
+        return None
+    return spec[1].format(arguments[spec[0]])
 
 
 @dataclass(frozen=True)
@@ -330,6 +355,10 @@ def parse_response(text: str, require_think: bool = True) -> ParsedResponse:
         problem = problem or f"unclosed <{open_tag[0]}>"
     think = blocks["think"][0].strip() if blocks["think"] else None
     actions = blocks["action"]
+    if not actions and not require_think and problem is None:
+        tool_action = _tool_call_action(text)  # a model trained with tools (envrl.integrations.trl)
+        if tool_action is not None:
+            actions = [tool_action]
     if not actions:
         return ParsedResponse(None, think, False, problem or "no <action> tag")
     if len(actions) > 1:
