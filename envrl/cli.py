@@ -7,6 +7,7 @@
     envrl leaderboard [--format text|markdown|json] [--runs]
     envrl serve [--runs-dir DIR] [--port 8050]          # the leaderboard, run pages and trajectories
     envrl serve-model CHECKPOINT [--port 8000]          # an OpenAI-compatible server for a checkpoint
+    envrl serve-env --env textworld --split valid [--port 8000]   # an env over OpenEnv (envrl[openenv])
     envrl data alfworld --download [--dest DIR]
     envrl webshop serve [--host H] [--port P] [--workers N] [--products N] [--data-dir D]
     envrl train --algo sft|grpo|gigpo|iwm|sr|envrl --env E --model DIR --out DIR [--data DIR]   # see envrl/training
@@ -163,6 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default auto)")
     sm.add_argument("--max-batch-size", type=int, default=16, help="requests generated together (default 16)")
     sm.set_defaults(handler=_cmd_serve_model)
+
+    # its options live in envrl.integrations.openenv (which imports openenv-core): every argument,
+    # options included, is handed over as it is (prefix_chars keeps argparse from reading them here)
+    se = sub.add_parser(
+        "serve-env",
+        help="serve an env over the OpenEnv protocol, one env per client (pip install 'envrl[openenv]')",
+        add_help=False,
+        prefix_chars="\0",
+    )
+    se.add_argument("args", nargs=argparse.REMAINDER)
+    se.set_defaults(handler=_cmd_serve_env)
 
     # ---- train -------------------------------------------------------------------------
     tr = sub.add_parser(
@@ -402,6 +414,18 @@ def _cmd_serve_model(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_batch_size=args.max_batch_size,
     )
+
+
+def _cmd_serve_env(args: argparse.Namespace) -> int:
+    prog = "envrl serve-env"
+    try:
+        from envrl.integrations.openenv import main
+    except ImportError as exc:  # openenv-core missing or of an untested version: the message names the extra
+        return _fail(prog, str(exc), EXIT_FAILED)
+    try:
+        return main(args.args, prog=prog)
+    except SystemExit as exc:  # its own argparse printed the usage or the help
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
 # ---- train -------------------------------------------------------------------------------
