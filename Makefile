@@ -26,7 +26,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,webshop,browser,scienceworld,ray,train,llm,web]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,webshop,browser,scienceworld,ray,train,llm,web,trl,openenv,verifiers]'
 	touch $(STAMP)
 
 # Random and expert agents on the ID and OOD splits of ALFWorld, WebShop, TextWorld and ScienceWorld,
