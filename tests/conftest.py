@@ -93,3 +93,14 @@ def tw_cache(tmp_path_factory) -> Path:
     for split in generate.SPLITS:
         generate.pregenerate(split, workers=2, limit=TEXTWORLD_PLAYED, cache_dir=cache)
     return cache
+
+
+@pytest.fixture(scope="session")
+def tw_custom_kwargs() -> dict:
+    """``gym.make`` arguments for TextWorld's short ``custom`` quests, with the first ``valid`` game
+    made in envrl's own cache (~8 s of CPU the first time on a machine, then read): the
+    integration tests (TRL, OpenEnv, verifiers) all play it."""
+    from envrl.envs.textworld import generate
+
+    generate.ensure_game("tw-custom:valid:0")
+    return {"families": ["custom"]}

@@ -93,13 +93,10 @@ def assert_same(remote: Any, local: tuple) -> None:
 
 
 @pytest.fixture(scope="module")
-def tw_kwargs() -> dict[str, Any]:
-    """gym.make arguments of a TextWorld env on the short custom quests of split valid. The game is
-    made in envrl's cache (like tests/test_scratch_model.py: ~8 s of CPU the first time, then read)."""
-    from envrl.envs.textworld import generate
-
-    generate.ensure_game(TW_TASK)
-    return {"families": ["custom"], "expert_plan": True}
+def tw_kwargs(tw_custom_kwargs) -> dict[str, Any]:
+    """gym.make arguments of a TextWorld env on the short custom quests of split valid, whose first
+    game (``TW_TASK``) is made in envrl's cache (conftest)."""
+    return {**tw_custom_kwargs, "expert_plan": True}
 
 
 @pytest.fixture(scope="module")

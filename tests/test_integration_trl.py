@@ -28,9 +28,9 @@ TW_SPLIT = "valid"
 
 
 @pytest.fixture(scope="module")
-def tw_kwargs(tmp_path_factory) -> dict:
-    """TextWorld kwargs with a cache of this module's own (the first custom games are made on first use)."""
-    return {**TW_KWARGS, "cache_dir": str(tmp_path_factory.mktemp("tw-trl"))}
+def tw_kwargs(tw_custom_kwargs) -> dict:
+    """TextWorld kwargs: the custom quests, their first valid game already made (conftest)."""
+    return {**TW_KWARGS, **tw_custom_kwargs}
 
 
 def _tools(cls) -> set[str]:

@@ -7,8 +7,8 @@ the real ``envrl serve-model`` command serving the from-scratch tiny checkpoint 
 ``vf-eval`` runner in the slow one. The checks: the rubric's reward is the envrl env's return for
 the same task, seed and actions, and the messages on the wire are the env's observations.
 
-TextWorld games are generated on first use into a temporary cache (``cache_dir=``), only the
-``custom`` family of ``valid`` (small games, a few seconds each).
+TextWorld games come from envrl's cache (made on first use), only the ``custom`` family of
+``valid`` (small games, a few seconds each).
 """
 
 from __future__ import annotations
@@ -48,14 +48,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is not fully supported")
 
 
 @pytest.fixture(scope="module")
-def tw_kwargs(tmp_path_factory) -> dict:
-    """TextWorld's small ``custom`` games in a cache of this module's own, with the one game the
-    default tests play (``tw-custom:valid:0``) generated up front (a few seconds)."""
-    from envrl.envs.textworld import generate
-
-    cache = tmp_path_factory.mktemp("tw-verifiers")
-    generate.ensure_game("tw-custom:valid:0", cache)
-    return {"families": ["custom"], "cache_dir": str(cache)}
+def tw_kwargs(tw_custom_kwargs) -> dict:
+    """TextWorld's small ``custom`` games, with the one game the default tests play
+    (``tw-custom:valid:0``) already made in envrl's cache (conftest)."""
+    return dict(tw_custom_kwargs)
 
 
 def _direct_env(tw_kwargs: dict, max_turns: int | None = None) -> gym.Env:
