@@ -312,7 +312,7 @@ def _tool_call_action(text: str) -> str | None:
         call = json.loads(calls[0])
     except json.JSONDecodeError:
         return None
-    spec = TOOL_ACTIONS.get(call.get("name")) if isinstance(call, dict) else None
+    spec = TOOL_ACTIONS.get(str(call.get("name"))) if isinstance(call, dict) else None
     arguments = call.get("arguments") if spec else None
     if spec is None or not isinstance(arguments, dict) or not isinstance(arguments.get(spec[0]), str):
         return None
