@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from envrl.envs import add_env_arg_option, parse_env_args
-from envrl.ports import check_port
+from envrl.ports import port_argument
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -52,19 +52,6 @@ class _UsageError(Exception):
 def _fail(prog: str, message: str, code: int = EXIT_USAGE) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
-
-
-def port_number(text: str) -> int:
-    """The argparse type of every server command's ``--port``: one line and exit 2 for a
-    port out of range (see :func:`envrl.ports.check_port`)."""
-    try:
-        port = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
-    try:
-        return check_port(port)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     web = sub.add_parser("serve", help="the leaderboard, run pages and a trajectory viewer in the browser")
     web.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
     web.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    web.add_argument("--port", type=port_number, default=8050, help="port (default 8050; 0: any free port)")
+    web.add_argument("--port", type=port_argument, default=8050, help="port (default 8050; 0: any free port)")
     web.set_defaults(handler=_cmd_serve)
 
     sm = sub.add_parser(
@@ -158,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sm.add_argument("checkpoint", help="a local checkpoint directory or a model name")
     sm.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    sm.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
+    sm.add_argument("--port", type=port_argument, default=8000, help="port (default 8000)")
     sm.add_argument("--model-name", default=None, help="the model id clients use (default: the checkpoint)")
     sm.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default auto)")
     sm.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default auto)")
@@ -277,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and shared by the workers; GET /healthz answers when it is up.",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=port_number, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
+    serve.add_argument("--port", type=port_argument, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
     serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 8)")
     serve.add_argument(
         "--products", type=int, default=None, help="catalog size (default: all of it; the built-in catalog has 1,000)"

@@ -59,17 +59,16 @@ import socket
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from typing import Any
 
 import gymnasium as gym
 
 import envrl.envs as envrl_envs
-from envrl.ports import check_port
+from envrl.integrations.versions import check_version, installed_version
+from envrl.ports import check_port, port_argument
 
 #: openenv-core releases this adapter is tested with: at least the first, below the second
 OPENENV_VERSIONS = ("0.3.0", "0.4.0")
-INSTALL_HINT = "pip install 'envrl[openenv]'"
 
 #: defaults of the server's limits
 DEFAULT_MAX_SESSIONS = 8
@@ -83,31 +82,10 @@ _WEB_INTERFACE = "openenv.core.env_server.web_interface"
 
 def check_openenv_version(installed: str | None) -> str:
     """``installed`` (openenv-core's version, None when it is missing) if this adapter supports it,
-    else an ImportError saying what to install. Import-time check, kept separate so it can be tested."""
-    low, high = OPENENV_VERSIONS
-    if installed is None:
-        raise ImportError(
-            f"envrl.integrations.openenv needs openenv-core {low} or newer (below {high}): {INSTALL_HINT}"
-        )
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        version = Version(installed)
-    except InvalidVersion:
-        raise ImportError(f"openenv-core reports an unreadable version {installed!r}; {INSTALL_HINT}") from None
-    if not Version(low) <= version < Version(high):
-        raise ImportError(
-            f"envrl.integrations.openenv supports openenv-core >={low},<{high}, but {installed} is installed: "
-            f"{INSTALL_HINT} (or pip install 'openenv-core>={low},<{high}')"
-        )
-    return installed
-
-
-def _installed_openenv() -> str | None:
-    try:
-        return metadata.version("openenv-core")
-    except metadata.PackageNotFoundError:
-        return None
+    else an ImportError saying what to install (:func:`envrl.integrations.versions.check_version`)."""
+    return check_version(
+        installed, OPENENV_VERSIONS, user=__name__, label="openenv-core", distribution="openenv-core", extra="openenv"
+    )
 
 
 def _import_openenv_core() -> None:
@@ -127,7 +105,7 @@ def _import_openenv_core() -> None:
             del sys.modules[_WEB_INTERFACE]
 
 
-check_openenv_version(_installed_openenv())
+check_openenv_version(installed_version("openenv-core"))
 _import_openenv_core()
 
 from fastapi import FastAPI  # noqa: E402  (after the version check: a clear message first)
@@ -462,17 +440,6 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 # ---- the command line ----------------------------------------------------------------------
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
-    try:
-        return check_port(port)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text, 10)
@@ -502,7 +469,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--env", required=True, choices=sorted(envrl_envs.ENV_IDS), help="the env family")
     parser.add_argument("--split", required=True, help="the split every session plays (e.g. valid)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: any free port)")
+    parser.add_argument("--port", type=port_argument, default=8000, help="port (default 8000; 0: any free port)")
     parser.add_argument(
         "--max-sessions",
         type=_positive_int,

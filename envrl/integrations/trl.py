@@ -40,12 +40,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from typing import Any, ClassVar
+
+from envrl.integrations.versions import check_version, installed_version
 
 #: TRL releases this adapter is tested with: at least the first, below the second
 TRL_VERSIONS = ("1.16.0", "2.0.0")
-INSTALL_HINT = "pip install 'envrl[trl]'"
 
 #: what a tool call answers once the episode has ended (followed by the final return)
 EPISODE_OVER_MESSAGE = "The episode is over; no more actions are taken."
@@ -55,32 +55,11 @@ NOT_STARTED_MESSAGE = "No episode is running; the environment must be reset firs
 
 def check_trl_version(installed: str | None) -> str:
     """``installed`` (TRL's version, None when TRL is missing) if this adapter supports it, else an
-    ImportError saying what to install. Import-time check, kept separate so it can be tested."""
-    low, high = TRL_VERSIONS
-    if installed is None:
-        raise ImportError(f"envrl.integrations.trl needs TRL {low} or newer (below {high}): {INSTALL_HINT}")
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        version = Version(installed)
-    except InvalidVersion:
-        raise ImportError(f"TRL reports an unreadable version {installed!r}; {INSTALL_HINT}") from None
-    if not Version(low) <= version < Version(high):
-        raise ImportError(
-            f"envrl.integrations.trl supports TRL >={low},<{high}, but TRL {installed} is installed: "
-            f"{INSTALL_HINT} (or pip install 'trl>={low},<{high}')"
-        )
-    return installed
+    ImportError saying what to install (:func:`envrl.integrations.versions.check_version`)."""
+    return check_version(installed, TRL_VERSIONS, user=__name__, label="TRL", distribution="trl", extra="trl")
 
 
-def _installed_trl() -> str | None:
-    try:
-        return metadata.version("trl")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-TRL_VERSION = check_trl_version(_installed_trl())
+TRL_VERSION = check_trl_version(installed_version("trl"))
 
 # ---- the environments ----------------------------------------------------------------------------
 

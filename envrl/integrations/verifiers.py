@@ -51,8 +51,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, cast
+
+from envrl.integrations.versions import check_version, installed_version
 
 #: verifiers releases this adapter is tested with: at least the first, below the second
 VERIFIERS_VERSIONS = ("0.4.0", "0.5.0")
@@ -66,34 +67,16 @@ EPISODE_OVER_MESSAGE = "The episode is over; no more actions are taken."
 
 def check_verifiers_version(installed: str | None) -> str:
     """``installed`` (verifiers' version, None when it is missing) if this adapter supports it,
-    else an ImportError saying what to install. Kept apart from the import so it can be tested."""
-    low, high = VERIFIERS_VERSIONS
+    else an ImportError saying what to install (:func:`envrl.integrations.versions.check_version`;
+    verifiers also needs Python 3.11)."""
     if sys.version_info < (3, 11):
         raise ImportError("envrl.integrations.verifiers needs Python 3.11 or newer (verifiers does)")
-    if installed is None:
-        raise ImportError(f"envrl.integrations.verifiers needs verifiers {low} or newer (below {high}): {INSTALL_HINT}")
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        version = Version(installed)
-    except InvalidVersion:
-        raise ImportError(f"verifiers reports an unreadable version {installed!r}; {INSTALL_HINT}") from None
-    if not Version(low) <= version < Version(high):
-        raise ImportError(
-            f"envrl.integrations.verifiers supports verifiers >={low},<{high}, but verifiers {installed} "
-            f"is installed: {INSTALL_HINT} (or pip install 'verifiers>={low},<{high}')"
-        )
-    return installed
+    return check_version(
+        installed, VERIFIERS_VERSIONS, user=__name__, label="verifiers", distribution="verifiers", extra="verifiers"
+    )
 
 
-def _installed_verifiers() -> str | None:
-    try:
-        return metadata.version("verifiers")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-VERIFIERS_VERSION = check_verifiers_version(_installed_verifiers())
+VERIFIERS_VERSION = check_verifiers_version(installed_version("verifiers"))
 
 try:
     import verifiers.v1 as vf
