@@ -105,8 +105,11 @@ def main() -> None:
     parser.add_argument("--size", choices=("tiny", "small"), default="tiny", help="model size (envrl model init)")
     parser.add_argument("--sft-updates", type=int, default=100)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--rl-updates", type=int, default=30)
-    parser.add_argument("--rl-lr", type=float, default=1e-3)
+    parser.add_argument("--rl-updates", type=int, default=40)
+    # 1e-3 (the first setting) raised GRPO's policy entropy by 0.2-0.4 nats per update over its first
+    # updates from the SFT checkpoint, and its train rollouts' success fell on 2 of 3 seeds: a fresh
+    # AdamW moves every weight by about lr per step, which the noisy RL gradient makes a random walk
+    parser.add_argument("--rl-lr", type=float, default=3e-4)
     parser.add_argument("--rl-minibatches", type=int, default=1, help="optimizer steps per pass over a batch")
     parser.add_argument("--rl-epochs", type=int, default=1, help="passes over each update's rollouts")
     parser.add_argument("--groups", type=int, default=8)
