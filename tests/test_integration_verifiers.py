@@ -295,6 +295,16 @@ def test_after_the_end_nothing_reaches_the_env(tw_kwargs):
 # ---- verifiers' runner against a served model ----------------------------------------------------
 
 
+def test_engines_that_are_not_thread_safe_share_one_thread():
+    """TextWorld's game loading breaks when two threads load at once (the vf-eval test below
+    failed that way with two rollouts), so its rollouts share one thread; WebShop's do not."""
+    shared = adapter.engine_thread("textworld")
+    assert adapter.engine_thread("envrl/TextWorld-v0") is shared is adapter.engine_thread("alfworld")
+    own, other = adapter.engine_thread("webshop"), adapter.engine_thread("webshop")
+    assert own is not other and shared not in (own, other)
+    own.shutdown(), other.shutdown()
+
+
 def test_the_walkthrough_through_verifiers_scores_the_envs_return(tw_kwargs):
     """A served scripted model plays TextWorld's walkthrough (after one malformed reply and one
     action the game refuses) through verifiers' runner, two rollouts of one row; the rubric

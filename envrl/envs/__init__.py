@@ -22,6 +22,12 @@ ENVIRONMENTS = {
 }
 ENV_IDS = {name: env_id for name, (env_id, _, _) in ENVIRONMENTS.items()}
 
+#: families whose engines must not run on two threads of one process at once. Loading an ALFWorld
+#: or TextWorld game parses its logic with TextWorld's one process-wide tatsu parser: two TextWorld
+#: resets on two threads failed inside it ("IndexError: pop from empty list"). A server or
+#: adapter that hosts many episodes in one process runs these on one shared thread.
+SINGLE_THREAD_ENVS = frozenset({"alfworld", "textworld"})
+
 #: each env's splits in leaderboard order, with their kind: in-distribution (ID) or
 #: out-of-distribution (OOD); see docs/design.md
 SPLIT_KINDS: dict[str, dict[str, str]] = {
@@ -58,6 +64,12 @@ def env_id(name: str) -> str:
     if name in ENV_IDS.values():
         return name
     raise ValueError(f"unknown environment {name!r}; choose one of {sorted(ENV_IDS)}")
+
+
+def env_name(name: str) -> str:
+    """The short name (``alfworld``) for a short name or a Gymnasium id; ValueError otherwise."""
+    gym_id = env_id(name)
+    return next(short for short, full in ENV_IDS.items() if full == gym_id)
 
 
 def add_env_arg_option(parser: Any) -> None:

@@ -31,10 +31,10 @@ after) cannot play an episode and would build envs outside the session bound, so
 409 with a pointer to ``/ws``; ``/health``, ``/schema``, ``/metadata``, ``/state`` and ``/ws`` are
 OpenEnv's.
 
-Threads: OpenEnv runs each session's env calls on one thread of their own. ALFWorld's engine is
-not thread-safe and TextWorld's has not been shown to be, so their sessions share one thread
-(``REQUIRES_SINGLE_THREAD_EXECUTOR``): correct, but steps of different clients wait for each
-other. WebShop (a thread-safe shared store) and ScienceWorld (a JVM per env) run in parallel.
+Threads: OpenEnv runs each session's env calls on one thread of their own. ALFWorld's and
+TextWorld's engines are not thread-safe (:data:`envrl.envs.SINGLE_THREAD_ENVS`), so their sessions
+share one thread (``REQUIRES_SINGLE_THREAD_EXECUTOR``): correct, but steps of different clients
+wait for each other. WebShop (a thread-safe shared store) and ScienceWorld (a JVM per env) run in parallel.
 
 Import time: every ``openenv.core`` import runs ``openenv.core.env_server``, which imports the
 optional Gradio web interface (~10 s, more than everything else together). That import is
@@ -73,9 +73,6 @@ OPENENV_VERSIONS = ("0.3.0", "0.4.0")
 #: defaults of the server's limits
 DEFAULT_MAX_SESSIONS = 8
 DEFAULT_IDLE_TIMEOUT = 600.0
-
-#: env families whose sessions share one thread (see the module docstring)
-SHARED_THREAD_ENVS = frozenset({"alfworld", "textworld"})
 
 _WEB_INTERFACE = "openenv.core.env_server.web_interface"
 
@@ -303,7 +300,7 @@ def build_app(
     split or keyword fails here, in one line, instead of at every client's first reset.
     """
     env_id = envrl_envs.env_id(env)
-    name = next(short for short, full in envrl_envs.ENV_IDS.items() if full == env_id)
+    name = envrl_envs.env_name(env_id)
     if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
         raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
     if idle_timeout is not None and not idle_timeout > 0:
@@ -313,7 +310,7 @@ def build_app(
         raise ValueError("give the split as split=..., not in env_kwargs")
     if check:
         gym.make(env_id, split=split, **kwargs).close()
-    cls = SharedThreadEnvrlEnvironment if name in SHARED_THREAD_ENVS else EnvrlEnvironment
+    cls = SharedThreadEnvrlEnvironment if name in envrl_envs.SINGLE_THREAD_ENVS else EnvrlEnvironment
     # a partial of the class: OpenEnv reads the class flags through ``.func``, and names the factory in errors
     factory = functools.partial(cls, env_id, split, kwargs, idle_timeout)
     factory.__name__ = f"{cls.__name__}({env_id!r}, split={split!r})"  # type: ignore[attr-defined]

@@ -88,19 +88,13 @@ except ImportError as exc:  # a broken install: say which extra repairs it
 import gymnasium as gym  # noqa: E402  (after the check: a missing extra is the first thing to report)
 
 from envrl.agents.prompts import DEFAULT_TEMPLATE, Conversation, load_template, parse_response  # noqa: E402
-from envrl.envs import ENV_IDS, env_id  # noqa: E402
+from envrl.envs import SINGLE_THREAD_ENVS, env_id, env_name  # noqa: E402
 from envrl.envs.base import TextEnv  # noqa: E402
 
 # verifiers finds a taskset by importing its id as a top-level module (run as a script, this file is
 # ``__main__`` and the alias goes to the module it imports under its own name: see the end)
 if __name__ != "__main__":
     sys.modules.setdefault(TASKSET_ID, sys.modules[__name__])
-
-
-def env_name(name: str) -> str:
-    """The short name (``textworld``) for a short name or a Gymnasium id; ValueError otherwise."""
-    gym_id = env_id(name)
-    return next(short for short, full in ENV_IDS.items() if full == gym_id)
 
 
 # ---- one episode, without verifiers -------------------------------------------------------
@@ -393,9 +387,9 @@ class EnvrlEnv(vf.Env[EnvrlEnvConfig]):
         data = task.data
         if not isinstance(data, EnvrlTaskData):
             raise TypeError(f"EnvrlEnv plays EnvrlTaskData rows, got {type(data).__name__}")
-        # one thread per rollout: its env is made, stepped and closed on that thread only (some
-        # engines are not thread-safe), and the event loop never blocks on an engine
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envrl-verifiers")
+        # the env is made, stepped and closed on one thread only, never on the event loop's: a
+        # thread of its own, or the one thread shared by the engines that are not thread-safe
+        executor = engine_thread(data.env)
         loop = asyncio.get_running_loop()
 
         def call(fn: Any, *args: Any) -> Any:
@@ -417,7 +411,19 @@ class EnvrlEnv(vf.Env[EnvrlEnvConfig]):
         finally:
             if session is not None:
                 await call(session.close)
-            executor.shutdown(wait=False)
+            if executor is not _SHARED_ENGINE_THREAD:
+                executor.shutdown(wait=False)
+
+
+#: the one thread on which every rollout of a :data:`~envrl.envs.SINGLE_THREAD_ENVS` family runs its env
+_SHARED_ENGINE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envrl-verifiers-shared")
+
+
+def engine_thread(env: str) -> ThreadPoolExecutor:
+    """The thread a rollout of ``env`` runs its env on: the shared one, or a new one of its own."""
+    if env_name(env) in SINGLE_THREAD_ENVS:
+        return _SHARED_ENGINE_THREAD
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="envrl-verifiers")
 
 
 def _open_session(data: EnvrlTaskData) -> EpisodeSession:
