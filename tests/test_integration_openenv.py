@@ -315,13 +315,6 @@ def test_build_app_checks_its_arguments(tw_kwargs):
         oe.build_app("textworld", "valid", tw_kwargs, idle_timeout=0)
 
 
-def test_version_check_names_the_extra():
-    assert oe.check_openenv_version("0.3.0") == "0.3.0"
-    for installed in (None, "0.2.9", "0.4.0", "not-a-version"):
-        with pytest.raises(ImportError, match=r"envrl\[openenv\]"):
-            oe.check_openenv_version(installed)
-
-
 def _serve(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "envrl.integrations.openenv", *args]

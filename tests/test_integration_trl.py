@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import inspect
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -56,51 +54,6 @@ def _replay(env_name: str, row: dict, actions, **kwargs) -> float:
         return total
     finally:
         env.close()
-
-
-# ---- versions and the missing extra --------------------------------------------------------------
-
-
-def test_the_version_check_names_the_extra_and_the_range():
-    low, high = trl_adapter.TRL_VERSIONS
-    assert trl_adapter.check_trl_version(low) == low
-    with pytest.raises(ImportError, match=r"pip install 'envrl\[trl\]'"):
-        trl_adapter.check_trl_version(None)
-    for wrong in ("0.19.1", high, "not-a-version"):
-        with pytest.raises(ImportError, match=r"envrl\[trl\]") as caught:
-            trl_adapter.check_trl_version(wrong)
-        assert wrong in str(caught.value)
-
-
-@pytest.mark.parametrize(
-    ("fake", "expected"),
-    [("missing", "needs TRL 1.16.0 or newer"), ("0.9.0", "but TRL 0.9.0 is installed")],
-)
-def test_import_fails_with_a_clear_message(fake, expected):
-    """At import, not deep inside a trainer: a missing TRL or one outside the range stops the import."""
-    code = (
-        "import importlib.metadata as m, sys\n"
-        "real = m.version\n"
-        f"fake = {fake!r}\n"
-        "def version(name):\n"
-        "    if name != 'trl': return real(name)\n"
-        "    if fake == 'missing': raise m.PackageNotFoundError(name)\n"
-        "    return fake\n"
-        "m.version = version\n"
-        "try:\n"
-        "    import envrl.integrations.trl\n"
-        "except ImportError as error:\n"
-        "    print(error); sys.exit(3)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 3, done.stderr
-    assert expected in done.stdout and "pip install 'envrl[trl]'" in done.stdout
-
-
-def test_importing_envrl_does_not_import_trl():
-    code = "import sys, envrl, envrl.integrations; print('trl' in sys.modules, 'torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["False", "False"], done.stderr
 
 
 # ---- the TRL contract -------------------------------------------------------------------------------

@@ -143,46 +143,6 @@ def _trace_texts(trace, role: str) -> list[str]:
     return [node.message.content for node in trace.nodes if node.message.role == role]
 
 
-# ---- versions and the missing extra --------------------------------------------------------------
-
-
-def test_the_version_check_names_the_extra_and_the_range():
-    low, high = adapter.VERIFIERS_VERSIONS
-    assert adapter.check_verifiers_version(low) == low
-    with pytest.raises(ImportError, match=r"pip install 'envrl\[verifiers\]'"):
-        adapter.check_verifiers_version(None)
-    for wrong in ("0.1.9", high, "not-a-version"):
-        with pytest.raises(ImportError, match=r"envrl\[verifiers\]") as caught:
-            adapter.check_verifiers_version(wrong)
-        assert wrong in str(caught.value)
-
-
-@pytest.mark.parametrize(
-    ("fake", "expected"),
-    [("missing", "needs verifiers 0.4.0 or newer"), ("0.3.5", "but verifiers 0.3.5 is installed")],
-)
-def test_import_fails_with_a_clear_message(fake, expected):
-    """At import, before verifiers itself is imported (so a broken or old install cannot crash first)."""
-    code = (
-        "import importlib.metadata as m, sys\n"
-        "real = m.version\n"
-        f"fake = {fake!r}\n"
-        "def version(name):\n"
-        "    if name != 'verifiers': return real(name)\n"
-        "    if fake == 'missing': raise m.PackageNotFoundError(name)\n"
-        "    return fake\n"
-        "m.version = version\n"
-        "try:\n"
-        "    import envrl.integrations.verifiers\n"
-        "except ImportError as error:\n"
-        "    print(error); print('verifiers' in sys.modules); sys.exit(3)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert done.returncode == 3, done.stderr
-    assert expected in done.stdout and "pip install 'envrl[verifiers]'" in done.stdout
-    assert done.stdout.split()[-1] == "False"
-
-
 # ---- the dataset and bad arguments ------------------------------------------------------------------
 
 
