@@ -49,8 +49,12 @@ def test_same_text_as_stock_engine_one_game_per_type(official_alfworld):
 
 
 @pytest.mark.slow
-def test_same_text_as_stock_engine_every_sample_game(official_alfworld):
-    _compare(sorted((official_alfworld / "json_2.1.1").glob("*/*/*/game.tw-pddl")))
+def test_same_text_as_stock_engine_on_a_third_of_the_sample_games(official_alfworld):
+    """Every third official sample game (20 of 60, all splits and task types; the stock engine
+    takes ~4.5 s a game, so all 60 took 4.5 min of CI)."""
+    games = sorted((official_alfworld / "json_2.1.1").glob("*/*/*/game.tw-pddl"))[::3]
+    assert len(games) >= 20 and len({g.parts[-3].split("-")[0] for g in games}) == 6
+    _compare(games)
 
 
 def test_put_wording_swaps_only_the_put_command(official_alfworld):

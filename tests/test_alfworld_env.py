@@ -203,11 +203,11 @@ def test_handcoded_expert_with_put_wording(with_official_data):
         assert reward == 1.0, task_id
 
 
-@pytest.mark.parametrize(
-    "split", ["valid_seen", "valid_unseen", "ood_objects", pytest.param("train", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("split", ["valid_seen", "valid_unseen", "ood_objects"])
 def test_check_env_builtin(monkeypatch, split):
-    """Built-in games (generated once, then cached like in ``make demo``)."""
+    """Built-in games (generated once, then cached like in ``make demo``). Not train: its 1,000
+    games take ~9 min to generate on 2 cores, and its generation is checked on a prefix
+    (tests/test_alfworld_generate.py)."""
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     agent = make_agent("expert")
     env = gym.make("envrl/ALFWorld-v0", split=split, **agent.env_kwargs)
