@@ -44,8 +44,9 @@ def _compare(games: list[Path]) -> None:
         assert actual[-1][2] is True, f"walkthrough did not win {game}"
 
 
-def test_same_text_as_stock_engine_one_game_per_type(official_alfworld):
-    _compare(_sample_games(official_alfworld, per_type=1))
+def test_same_text_as_stock_engine_on_two_games(official_alfworld):
+    """Two task types (the stock engine takes ~4.5 s a game); all six in the slow test below."""
+    _compare(_sample_games(official_alfworld, per_type=1)[:2])
 
 
 @pytest.mark.slow

@@ -244,6 +244,7 @@ def _tree(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow  # subprocesses that each load the engine (~10 s); CI runs it
 def test_generation_is_byte_identical_across_processes(tmp_path):
     runs = [
         _generate_in_subprocess(tmp_path / name, "valid_unseen", 8, seed) for name, seed in (("a", "1"), ("b", "2"))
@@ -256,6 +257,7 @@ def test_generation_is_byte_identical_across_processes(tmp_path):
     assert _tree(a) == _tree(b)
 
 
+@pytest.mark.slow  # subprocesses that each load the engine (~10 s); CI runs it
 def test_concurrent_generations_agree(tmp_path):
     runs = [_generate_in_subprocess(tmp_path, "ood_objects", 6, seed) for seed in ("3", "4")]
     for run in runs:
@@ -267,6 +269,7 @@ def test_concurrent_generations_agree(tmp_path):
     assert len(_entries(tmp_path, "ood_objects")) == 6
 
 
+@pytest.mark.slow  # subprocesses that each load the engine (~10 s); CI runs it
 def test_killed_generation_leaves_nothing_trusted(tmp_path):
     run = _generate_in_subprocess(tmp_path, "valid_seen", 400)
     version_dir = tmp_path / generate.version_name()

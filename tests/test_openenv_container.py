@@ -16,6 +16,7 @@ import gymnasium as gym
 import pytest
 import requests
 from podman_images import (
+    BUILD_TIMEOUT,
     START_TIMEOUT,
     assert_lean_unprivileged_and_healthy,
     build_image,
@@ -29,7 +30,7 @@ pytest.importorskip("openenv", reason="the openenv extra is not installed (pip i
 import envrl.envs  # noqa: E402, F401  (registers the ids)
 from envrl.integrations import openenv as oe  # noqa: E402
 
-pytestmark = pytest.mark.container
+pytestmark = [pytest.mark.container, pytest.mark.timeout(BUILD_TIMEOUT + 600)]
 
 IMAGE = "localhost/envrl-openenv:test"
 MAX_STEPS = 15  # WebShop's step limit

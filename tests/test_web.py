@@ -717,7 +717,7 @@ def test_serve_prints_its_url_and_exits_0_on_a_signal(runs_dir, signum):
             assert response.status == 200
             assert b'id="step-counter"' in response.read()
         proc.send_signal(signum)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=30) == 0  # 10 s was missed once on a loaded machine
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 from podman_images import (
+    BUILD_TIMEOUT,
     START_TIMEOUT,
     assert_lean_unprivileged_and_healthy,
     build_image,
@@ -22,7 +23,7 @@ from podman_images import (
 )
 from test_webshop_server import free_port, wait_healthy
 
-pytestmark = pytest.mark.container
+pytestmark = [pytest.mark.container, pytest.mark.timeout(BUILD_TIMEOUT + 600)]
 
 IMAGE = "localhost/envrl-webshop:test"
 
