@@ -149,6 +149,7 @@ def test_a_resumed_run_continues_bit_for_bit(mode: str, tiny_checkpoint: Path, t
     assert clean == [{k: v for k, v in json.loads(x).items() if not k.startswith(strip)} for x in lines_b]
 
 
+@pytest.mark.slow  # ~16 s: two evaluation runs in worker processes
 def test_evaluations_reach_the_leaderboard(tiny_checkpoint: Path, tmp_path: Path, tw_cache) -> None:
     from envrl.evaluation.leaderboard import leaderboard
 
