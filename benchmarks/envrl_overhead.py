@@ -2,12 +2,23 @@
 
 ENVRL (``--algo envrl``) adds state prediction and inverse dynamics to GRPO's loss on the
 transitions the rollouts already hold; the paper presents the cost as one extra forward pass.
-This script plays one rollout batch with a from-scratch model (TextWorld custom quests, choose
-mode, the CPU experiments' settings), then times, on that same batch, alternately:
+This script plays one rollout batch with a from-scratch model (TextWorld custom quests, the CPU
+experiments' settings), then times, on that same batch, alternately:
 
 * ``grpo``: the base algorithm's update (:meth:`Trainer.update` with ENVRL's base GRPO);
 * ``envrl``: ENVRL's update (the same step samples plus their SP and ID samples,
   ``aux_fraction`` 1.0, both weights on).
+
+Two action modes. ``--action-mode choose`` (the CPU experiments'): a step's RL sample is its
+prompt plus the short admissible actions, packed in one row, so the auxiliary rows (the state with
+the next observation, twice) are the larger part. ``--action-mode generate`` (the papers' setting):
+the RL sample is the ``think-action`` prompt (which lists the admissible actions) plus a response
+``<think>...</think><action>a</action>`` whose thought is ``--thought-tokens`` tokens long, the
+length a reasoning model's thought takes. A from-scratch model writes no parseable action, and
+ENVRL (rightly) takes no transition from a format-invalid step, so the batch is played in choose
+mode with that template and each step's response is then rewritten as such a response for the
+chosen action (old log-probs 0): the lengths are the papers', the text is filler, and only the
+cost is measured.
 
 Each update is a full optimizer step (forward, backward, clip, AdamW); the weights are restored
 before every timed update so both variants see the same model. The peak memory of an update is
@@ -18,6 +29,7 @@ the median time and peak of each, and their ratios (ENVRL / GRPO).
 
     .venv/bin/python benchmarks/envrl_overhead.py                 # small model (1.9M), ~3 min on 2 cores
     .venv/bin/python benchmarks/envrl_overhead.py --size tiny --repeats 3
+    .venv/bin/python benchmarks/envrl_overhead.py --action-mode generate --thought-tokens 128
 """
 
 from __future__ import annotations
@@ -105,14 +117,37 @@ def timed_update(trainer: Any, samples: list[Any], algorithm: Any, state: dict[s
     return seconds, peak
 
 
+def as_generated(policy: Any, steps: list[Any], thought_tokens: int) -> None:
+    """Rewrite choose-mode step samples in place as generate-mode ones: the response
+    ``<think>`` + ``thought_tokens`` filler tokens + ``</think><action>a</action>`` and the end
+    token, old log-probs 0 (see the module docstring: only the cost is measured)."""
+    filler = " ".join(["so"] * thought_tokens)
+    for step in steps:
+        text = policy.template.format_response(step.action, think=filler)
+        step.response_ids = policy.encode_response(text)
+        step.old_logprobs = [0.0] * len(step.response_ids)
+        step.candidate_ids, step.choice = None, None
+
+
+def _response_tokens(step: Any) -> int:
+    if step.candidate_ids is not None:
+        return sum(len(c) for c in step.candidate_ids)
+    return len(step.response_ids)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=("tiny", "small"), default="small")
     parser.add_argument("--repeats", type=int, default=5, help="timed updates of each variant (median reported)")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/envrl_overhead"))
+    parser.add_argument("--action-mode", choices=("choose", "generate"), default="choose")
+    parser.add_argument("--thought-tokens", type=int, default=128, help="generate mode: the thought's length")
+    parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/envrl_overhead[_generate]")
     args = parser.parse_args()
+    if args.out is None:
+        suffix = "" if args.action_mode == "choose" else "_generate"
+        args.out = Path(f"benchmarks/results/envrl_overhead{suffix}")
 
     import torch
 
@@ -136,6 +171,8 @@ def main() -> None:
         "algorithm.kl_coef=0.0",
         "eval.episodes=0",
     ]
+    if args.action_mode == "generate":
+        sets.append("policy.template=think-action")
     config = build_config(
         "envrl", "textworld", algorithm_config=algorithm_class("envrl").Config, files=[CONFIG], sets=sets
     )
@@ -145,6 +182,8 @@ def main() -> None:
         batch = envrl.collect(trainer, 0)  # ENVRL's batch: GRPO's step samples, each with its SP and ID samples
         samples = list(batch.samples)
         steps = [sample.step for sample in samples]
+        if args.action_mode == "generate":
+            as_generated(trainer.policy, steps, args.thought_tokens)
         state = {
             "model": copy.deepcopy(trainer.policy.unwrapped.state_dict()),
             "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
@@ -159,6 +198,9 @@ def main() -> None:
         trainer.close()
     result: dict[str, Any] = {
         "size": args.size,
+        "action_mode": args.action_mode,
+        "thought_tokens": args.thought_tokens if args.action_mode == "generate" else None,
+        "mean_rl_tokens": statistics.mean(len(s.prompt_ids) + _response_tokens(s) for s in steps),
         "device": str(trainer.policy.device),
         "torch_threads": torch.get_num_threads(),
         "step_samples": len(steps),
@@ -179,7 +221,7 @@ def main() -> None:
     result["memory_ratio"] = result["envrl"]["median_peak_mib"] / grpo_peak if grpo_peak > 0 else None
     (args.out / "results.json").write_text(json.dumps(result, indent=2))
     print(
-        f"{args.size} model, {result['step_samples']} step samples + {result['aux_samples']} SP/ID samples, "
+        f"{args.size} model, {args.action_mode} mode, {result['step_samples']} step samples + {result['aux_samples']} SP/ID samples, "
         f"{result['torch_threads']} threads on {result['device']}"
     )
     for name in ("grpo", "envrl"):
