@@ -50,11 +50,11 @@ def test_same_text_as_stock_engine_on_two_games(official_alfworld):
 
 
 @pytest.mark.slow
-def test_same_text_as_stock_engine_on_a_third_of_the_sample_games(official_alfworld):
-    """Every third official sample game (20 of 60, all splits and task types; the stock engine
+def test_same_text_as_stock_engine_on_every_fifth_sample_game(official_alfworld):
+    """Every fifth official sample game (12 of 60: every task type, both splits; the stock engine
     takes ~4.5 s a game, so all 60 took 4.5 min of CI)."""
-    games = sorted((official_alfworld / "json_2.1.1").glob("*/*/*/game.tw-pddl"))[::3]
-    assert len(games) >= 20 and len({g.parts[-3].split("-")[0] for g in games}) == 6
+    games = sorted((official_alfworld / "json_2.1.1").glob("*/*/*/game.tw-pddl"))[::5]
+    assert len(games) >= 12 and len({g.parts[-3].split("-")[0] for g in games}) == 6
     _compare(games)
 
 

@@ -398,11 +398,11 @@ def test_reset_replays_identically_in_process(tw_cache):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split,count", [("train", 12), ("valid", 12), ("test_ood", 12)])
+@pytest.mark.parametrize("split,count", [("train", 6), ("valid", 6), ("test_ood", 6)])
 def test_expert_completes_every_game(tw_cache, split, count):
-    """Generates (2 workers) and plays the first ``count`` games of a split, four per family.
+    """Generates (2 workers) and plays the first ``count`` games of a split, two per family.
 
-    Kept small for CI (~1 min); the whole of valid and test_ood plus 99 train games (299 games)
+    Kept small for CI (~40 s); the whole of valid and test_ood plus 99 train games (299 games)
     was checked once when the generator was written: the expert won all of them."""
     generate.pregenerate(split, workers=2, limit=count, cache_dir=tw_cache)
     agent = make_agent("expert")
