@@ -534,6 +534,7 @@ def _replay(task_id: str, split: str, read: bool, warmup: str = "-") -> subproce
     )
 
 
+@pytest.mark.slow  # ~15 s: two JVMs play a 20+ step gold path
 def test_same_task_and_actions_give_the_same_observations_in_any_process():
     # grow-fruit: bees fly at random and pollinate; this variation's gold path only works
     # with the stock env's random draws (see envrl.envs.scienceworld.env)
