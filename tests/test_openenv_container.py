@@ -9,12 +9,8 @@ and healthy, and that SIGTERM stops it cleanly. The container is always removed.
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import gymnasium as gym
 import pytest
-import requests
 from podman_images import (
     BUILD_TIMEOUT,
     START_TIMEOUT,
@@ -23,7 +19,7 @@ from podman_images import (
     running_container,
     seconds_to_stop,
 )
-from test_webshop_server import free_port
+from test_webshop_server import free_port, wait_healthy
 
 pytest.importorskip("openenv", reason="the openenv extra is not installed (pip install 'envrl[openenv]')")
 
@@ -36,28 +32,15 @@ IMAGE = "localhost/envrl-openenv:test"
 MAX_STEPS = 15  # WebShop's step limit
 
 
-def _wait_health(url: str, alive) -> dict:
-    """Poll OpenEnv's ``/health`` until it answers healthy; a dead container fails at once."""
-    deadline = time.monotonic() + START_TIMEOUT
-    last: Any = "no answer"
-    while time.monotonic() < deadline:
-        if not alive():
-            raise AssertionError(f"the server exited before it was healthy ({last})")
-        try:
-            response = requests.get(f"{url}/health", timeout=2)
-            if response.status_code == 200 and response.json().get("status") == "healthy":
-                return response.json()
-            last = f"HTTP {response.status_code}"
-        except (requests.RequestException, ValueError) as exc:
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"{url}/health not healthy after {START_TIMEOUT} s ({last})")
-
-
 def _openenv(image: str, port: int, serve_args: str = ""):
     url = f"http://127.0.0.1:{port}"
     env = {"OPENENV_PORT": str(port), "ENVRL_SERVE_ARGS": serve_args}
-    return running_container(image, "envrl-openenv-test", env, lambda alive: _wait_health(url, alive))
+    return running_container(
+        image,
+        "envrl-openenv-test",
+        env,
+        lambda alive: wait_healthy(url, START_TIMEOUT, alive, path="/health", status="healthy"),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -38,22 +38,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_healthy(base_url: str, timeout: float = START_TIMEOUT, alive: Any = None) -> dict:
-    """Poll ``/healthz`` until it answers ok; ``alive()`` False (the server died) fails at once."""
+def wait_healthy(
+    base_url: str, timeout: float = START_TIMEOUT, alive: Any = None, path: str = "/healthz", status: str = "ok"
+) -> dict:
+    """Poll ``path`` until its JSON says ``status`` (WebShop's /healthz: "ok"; OpenEnv's /health:
+    "healthy"); ``alive()`` False (the server died) fails at once."""
     deadline = time.monotonic() + timeout
     last: Exception | str = "no answer"
     while time.monotonic() < deadline:
         if alive is not None and not alive():
             raise AssertionError(f"the server exited before it was healthy ({last})")
         try:
-            response = requests.get(f"{base_url}/healthz", timeout=2)
-            if response.status_code == 200 and response.json().get("status") == "ok":
+            response = requests.get(f"{base_url}{path}", timeout=2)
+            if response.status_code == 200 and response.json().get("status") == status:
                 return response.json()
             last = f"HTTP {response.status_code}"
         except (requests.RequestException, ValueError) as exc:
             last = exc
         time.sleep(0.1)
-    raise AssertionError(f"{base_url}/healthz not ok after {timeout:.0f} s ({last})")
+    raise AssertionError(f"{base_url}{path} not {status} after {timeout:.0f} s ({last})")
 
 
 def _soup(response: Any) -> Any:
