@@ -45,6 +45,12 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT at its default, so Python turns it into KeyboardInterrupt even when
+    pytest runs in a background job (``make test &``), whose children inherit SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, runs_dir: Path) -> subprocess.Popen:
     script = tmp_path / "run_eval.py"
     script.write_text(SCRIPT)
@@ -56,6 +62,7 @@ def _start(tmp_path: Path, runs_dir: Path) -> subprocess.Popen:
         text=True,
         env=env,
         start_new_session=True,
+        preexec_fn=_default_sigint,
     )
 
 
