@@ -12,9 +12,10 @@ mode, the ``compact`` template without history (``configs/textworld_cpu.yaml``).
    script's SFT), else it is trained as there: ``init_model(..., "tiny", vocab_size=2048,
    seed=N)``, then SFT with the choice objective, ``--sft-updates`` (100) x 32 expert steps of the
    first ``--train-tasks`` (200) train games at lr 3e-3;
-2. from that checkpoint, each RL method for ``--rl-updates`` (30) updates of ``--groups`` (8) x
-   ``--group-size`` (4) rollouts at lr 1e-3, KL off: ``grpo``, ``envrl-grpo`` (ENVRL, base GRPO),
-   ``gigpo``, ``envrl-gigpo``. An ENVRL run takes every algorithm key of its base's resolved
+2. from that checkpoint, each RL method for ``--rl-updates`` (40) updates of ``--groups`` (8) x
+   ``--group-size`` (4) rollouts at lr 3e-4, KL off (the learning benchmark's RL settings): ``grpo``,
+   ``envrl-grpo`` (ENVRL, base GRPO), ``gigpo``, ``envrl-gigpo`` (``--bases grpo`` or ``gigpo``: one
+   pair only). An ENVRL run takes every algorithm key of its base's resolved
    configuration (checked: the two runs differ in the ENVRL keys only), start weights
    ``--sp-coef``/``--id-coef`` (the algorithm's defaults, 0.1), cosine decay, ``--aux-fraction``
    of the transitions (1.0: every one, the method as defined; less is cheaper).
@@ -104,7 +105,7 @@ SCALE_NOTE = (
     "reaches the baseline's rollout success in fewer updates. What it cannot show: the paper's effect, "
     "+4.6 (ALFWorld) and +10.2 (WebShop) points over GRPO on a pretrained 1.5B model trained for 150 "
     "updates of 16 x 8 rollouts with generated actions; a tiny model choosing among admissible actions for "
-    "30 updates has neither the capacity nor the language knowledge whose grounding SP and ID are meant "
+    "40 updates has neither the capacity nor the language knowledge whose grounding SP and ID are meant "
     "to sharpen, and 34-game splits cannot resolve differences of a few points."
 )
 
@@ -130,11 +131,15 @@ def envrl_keys(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
 
 
 def main_variants(args: argparse.Namespace) -> list[Variant]:
+    """Each base of ``--bases`` (GRPO first) and its ENVRL version."""
     return [
-        Variant("grpo", "GRPO", "grpo"),
-        Variant("envrl-grpo", "ENVRL-GRPO", "grpo", envrl_keys(args)),
-        Variant("gigpo", "GiGPO", "gigpo"),
-        Variant("envrl-gigpo", "ENVRL-GiGPO", "gigpo", envrl_keys(args)),
+        variant
+        for base in BASE_LABELS
+        if base in args.bases
+        for variant in (
+            Variant(base, BASE_LABELS[base], base),
+            Variant(f"envrl-{base}", f"ENVRL-{BASE_LABELS[base]}", base, envrl_keys(args)),
+        )
     ]
 
 
@@ -512,12 +517,13 @@ def timings(results: dict[str, Any], variants: list[Variant], args: argparse.Nam
     main = [v.key for v in main_variants(args)]
     estimate = None
     if all(k in per_update for k in ["sft", *main]) and split_eval is not None:
-        # per seed: SFT (100 updates) and 4 RL runs (30 updates of 8 x 4), then 5 evaluations of 2 splits; evaluation
+        # per seed: SFT (100 updates) and the main RL runs (40 updates of 8 x 4), then their evaluations and SFT's
+        # (2 splits each); evaluation
         # time scaled linearly from the episodes measured to 34 (an upper bound: episodes run batched)
         rollouts = DEFAULT_ROLLOUTS / (args.groups * args.group_size)  # RL cost scaled linearly to 8 x 4
-        train_s = 100 * per_update["sft"] + 30 * rollouts * sum(per_update[k] for k in main)
-        eval_s = 5 * 2 * split_eval * 34 / max(args.eval_episodes, 1)
-        estimate = {"train_min_per_seed": train_s / 60, "eval_min_per_seed_upper": eval_s / 60}
+        train_s = 100 * per_update["sft"] + 40 * rollouts * sum(per_update[k] for k in main)
+        eval_s = (1 + len(main)) * 2 * split_eval * 34 / max(args.eval_episodes, 1)
+        estimate = {"train_min_per_seed": train_s / 60, "eval_min_per_seed_upper": eval_s / 60, "rl_runs": len(main)}
     return {"seconds_per_update": per_update, "seconds_per_split_evaluation": split_eval, "estimate": estimate}
 
 
@@ -558,7 +564,9 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
     rows = results["table"]
     seeds = ", ".join(results["seeds"])
     lines = [
-        "# ENVRL at CPU scale: GRPO vs ENVRL-GRPO, GiGPO vs ENVRL-GiGPO (TextWorld custom quests)",
+        "# ENVRL at CPU scale: "
+        + ", ".join(f"{BASE_LABELS[b]} vs ENVRL-{BASE_LABELS[b]}" for b in BASE_LABELS if b in args.bases)
+        + " (TextWorld custom quests)",
         "",
         f"From-scratch tiny model (0.25M parameters), seeds {seeds}; every RL run starts from its seed's SFT "
         f"checkpoint ({args.sft_updates} updates, choice objective) and trains {args.rl_updates} updates of "
@@ -664,7 +672,7 @@ def timing_lines(t: dict[str, Any]) -> list[str]:
     if t["estimate"]:
         e = t["estimate"]
         lines.append(
-            f"Extrapolated to the default budget (SFT 100 updates, 4 RL runs x 30 updates of 8 x 4, the RL cost "
+            f"Extrapolated to the default budget (SFT 100 updates, {e['rl_runs']} RL runs x 40 updates of 8 x 4, the RL cost "
             "scaled linearly in the rollouts, evaluations of 34 games) "
             f"on this machine: ~{e['train_min_per_seed']:.0f} min of training and at most "
             f"~{e['eval_min_per_seed_upper']:.0f} min of evaluation per seed, probes aside."
@@ -772,11 +780,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=34, help="per split and seed (34: every custom game once)")
     parser.add_argument("--sft-updates", type=int, default=100)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--rl-updates", type=int, default=30)
-    parser.add_argument("--rl-lr", type=float, default=1e-3)
+    parser.add_argument("--rl-updates", type=int, default=40)
+    parser.add_argument("--rl-lr", type=float, default=3e-4)
     parser.add_argument("--groups", type=int, default=None, help="tasks per RL update (default 8; --quick 4)")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=15)
+    parser.add_argument(
+        "--bases",
+        nargs="+",
+        choices=tuple(BASE_LABELS),
+        default=list(BASE_LABELS),
+        help="base algorithms to compare with their ENVRL version (default both; the ablations and sweep need grpo)",
+    )
     parser.add_argument("--sp-coef", type=float, default=0.1, help="ENVRL's SP start weight (the algorithm's default)")
     parser.add_argument("--id-coef", type=float, default=0.1, help="ENVRL's ID start weight (the algorithm's default)")
     parser.add_argument(
@@ -799,6 +814,8 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.seeds, args.train_tasks, args.sft_updates, args.rl_updates = [0], 16, 2, 2
         args.eval_episodes, args.probe_episodes = 4, 1
+    if (args.ablations or args.sweep) and "grpo" not in args.bases:
+        parser.error("--ablations and --sweep run on the GRPO base: keep grpo in --bases")
     if args.groups is None:
         args.groups = 4 if args.quick else 8
     if args.out is None:
