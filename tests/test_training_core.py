@@ -226,6 +226,19 @@ def test_an_output_folder_of_another_config_is_refused(tmp_path: Path) -> None:
         check_output(tmp_path, _config(sets=[f"out={tmp_path}", "optim.lr=0.5"]))
 
 
+def test_a_run_continues_to_more_updates_only_when_nothing_depends_on_the_total(tmp_path: Path) -> None:
+    def config(updates: int):
+        return _config(sets=[f"out={tmp_path}", f"updates={updates}"])
+
+    check_output(tmp_path, config(10))
+    with pytest.raises(ConfigError, match="schedule spans the run.*cannot be continued"):
+        check_output(tmp_path, config(20), extendable=False)
+    check_output(tmp_path, config(20), extendable=True)
+    check_output(tmp_path, config(20))  # the folder now says 20: resuming it needs nothing
+    with pytest.raises(ConfigError, match="holds a run of 20 updates; updates=15 would not shorten it"):
+        check_output(tmp_path, config(15), extendable=True)
+
+
 def test_a_tokenizer_larger_than_the_embedding_is_refused(tiny_checkpoint: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

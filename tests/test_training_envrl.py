@@ -427,3 +427,9 @@ def test_one_tiny_iteration(env: str, base: str, tiny_checkpoint: Path, tmp_path
             assert key in row, key
     assert any(len(transition_steps([s.step for s in b.samples])) for b in batches)
     assert (tmp_path / "out" / "checkpoints" / "update-000001" / "model" / "config.json").is_file()
+
+
+def test_cosine_weights_tie_a_run_to_its_total() -> None:
+    """A cosine run cannot be continued to more updates (its weights would have decayed differently)."""
+    assert ENVRL(_checked().algorithm).depends_on_updates()
+    assert not ENVRL(_checked("algorithm.decay=constant").algorithm).depends_on_updates()

@@ -138,15 +138,21 @@ def test_a_resumed_run_continues_bit_for_bit(mode: str, tiny_checkpoint: Path, t
     train(split, stop_after=1, progress=False)
     assert not (tmp_path / "b" / "checkpoints" / "update-000002").exists()
     train(split, progress=False)  # a new process would do the same: everything comes from the folder
-    a, b = _weights(tmp_path / "a", 2), _weights(tmp_path / "b", 2)
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    # a run of 1 update continued to 2 (its constant schedule does not depend on the total)
+    short = tiny_config("grpo", "textworld", tiny_checkpoint, tmp_path / "c", tw_cache, "updates=1", *settings)
+    train(short, progress=False)
+    train(tiny_config("grpo", "textworld", tiny_checkpoint, tmp_path / "c", tw_cache, "updates=2", *settings))
+    a = _weights(tmp_path / "a", 2)
     assert any(not torch.equal(a[k], _weights(tmp_path / "a", 1)[k]) for k in a)  # it did learn something
-    lines_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
-    lines_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     strip = ("time/", "tokens_per_s")
+    lines_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     clean = [{k: v for k, v in json.loads(x).items() if not k.startswith(strip)} for x in lines_a]
-    assert clean == [{k: v for k, v in json.loads(x).items() if not k.startswith(strip)} for x in lines_b]
+    for other in ("b", "c"):
+        b = _weights(tmp_path / other, 2)
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), other
+        lines_b = (tmp_path / other / "metrics.jsonl").read_text().splitlines()
+        assert clean == [{k: v for k, v in json.loads(x).items() if not k.startswith(strip)} for x in lines_b]
 
 
 @pytest.mark.slow  # ~16 s: two evaluation runs in worker processes

@@ -2,7 +2,8 @@
 
 An output folder holds::
 
-    config.yaml              the resolved configuration (a resumed run must have the same)
+    config.yaml              the resolved configuration (a resumed run must have the same,
+                             except ``updates`` may grow: see :func:`check_output`)
     metrics.jsonl            one line per update
     checkpoints/update-000N/
         model/               save_pretrained + tokenizer: `envrl eval --agent hf:.../model` loads it
@@ -42,20 +43,38 @@ def latest_checkpoint(out: Path) -> tuple[int, Path] | None:
     return max(found) if found else None
 
 
-def check_output(out: Path, config: TrainConfig) -> None:
-    """Write ``config.yaml``, or check that the one there is this run's (resuming)."""
+def check_output(out: Path, config: TrainConfig, extendable: bool = False) -> None:
+    """Write ``config.yaml``, or check that the one there is this run's (resuming).
+
+    ``extendable``: nothing the run did so far depends on its total number of updates (a constant
+    learning rate, no schedule over the run in the algorithm), so a run may be continued to more
+    ``updates`` than it was started with: rollouts and data order are functions of (seed, update),
+    so the continued run is the run that would have been started with the larger total."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.yaml"
     current = _plain(config.to_dict())
     if path.is_file():
         saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         changed = differences(saved, current)
-        if changed:
+        if changed == ["updates"]:
+            before = int(saved["updates"])
+            if config.updates < before:
+                raise ConfigError(
+                    f"{out} holds a run of {before} updates; updates={config.updates} would not shorten it: "
+                    "evaluate the checkpoint of that update instead (checkpoints/update-N/model)"
+                )
+            if not extendable:
+                raise ConfigError(
+                    f"{out} holds a run of {before} updates whose schedule spans the run (optim.schedule, or "
+                    "the algorithm's own); it cannot be continued to more: use a new --out"
+                )
+        elif changed:
             raise ConfigError(
                 f"{out} holds a run with another configuration (differs in: {', '.join(changed)}); "
                 "use a new --out, or the same configuration to resume it"
             )
-        return
+        else:
+            return
     path.write_text(yaml.safe_dump(current, sort_keys=False), encoding="utf-8")
 
 

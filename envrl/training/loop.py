@@ -70,7 +70,8 @@ class Trainer:
         if self.accelerator.is_main_process:
             self._lock = _lock_output(self.out)
             try:
-                check_output(self.out, config)
+                extendable = config.optim.schedule == "constant" and not self.algorithm.depends_on_updates()
+                check_output(self.out, config, extendable=extendable)
             except ConfigError:
                 self._lock.release()
                 raise
@@ -218,8 +219,10 @@ class Trainer:
             done = update + 1
             every = self.config.eval.every
             if main and (done == self.config.updates or (every and done % every == 0)):
-                row["eval"] = self.evaluate(done)
-                evaluations.update(row["eval"])
+                made = self.evaluate(done)
+                if made:
+                    row["eval"] = made
+                    evaluations.update(made)
             save = done == last or (self.config.save_every and done % self.config.save_every == 0)
             if save:
                 save_state(self, done)

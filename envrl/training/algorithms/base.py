@@ -45,6 +45,12 @@ class Algorithm:
         One stage by default."""
         return [0]
 
+    def depends_on_updates(self) -> bool:
+        """Whether what an update does depends on the run's total number of updates (a weight or
+        stage schedule over the run); such a run cannot be continued to more updates than it
+        was started with. None by default."""
+        return False
+
     def collect(self, trainer: Any, update: int) -> Batch:
         raise NotImplementedError
 

@@ -264,6 +264,10 @@ class ENVRL(Algorithm):
             self._templates[kind] = template
         return self._templates[kind]
 
+    def depends_on_updates(self) -> bool:
+        """The cosine weights decay over the run's total (``T``)."""
+        return self.config.decay != "constant"
+
     def weights(self, update: int, updates: int) -> dict[str, float]:
         """``lambda(update)`` per auxiliary kind (0 for a kind switched off)."""
         c = self.config

@@ -275,6 +275,10 @@ class IWM(SFT):
         """two_stage: the first imitation update (0-based); the updates before it train the world model."""
         return round(self.config.world_model_fraction * updates)
 
+    def depends_on_updates(self) -> bool:
+        """two_stage switches to imitation at a fraction of the run's total."""
+        return self.config.schedule == "two_stage"
+
     def stage_starts(self, updates: int) -> list[int]:
         """two_stage: the world model and imitation each get their own learning-rate schedule, as
         two separate runs would (the paper trains the stages one after the other); imitation does
