@@ -88,11 +88,19 @@ def run_method(algo: str, seed: int, model: Path, args: argparse.Namespace, extr
     sets = settings(args)[algo] + extra + [f"policy.model={model}", f"out={out}", f"updates={updates}", f"seed={seed}"]
     config = build_config(algo, ENV, algorithm_config=algorithm_class(algo).Config, files=[CONFIG], sets=sets)
     cached = out / "evaluations.json"
+    earlier: dict[str, Any] = {"evaluations": {}, "train_seconds": 0.0}
     if cached.is_file():
-        return json.loads(cached.read_text())
+        earlier = json.loads(cached.read_text())
+        if any(name.endswith(f"@{updates}/{SPLITS['ID']}") for name in earlier["evaluations"]):
+            return earlier
+    # a finished run of fewer updates (constant learning rate) is continued to ``updates``;
+    # its earlier evaluations stay beside the new ones
     began = time.perf_counter()
     evaluations = train(config, progress=True)
-    result = {"evaluations": evaluations, "train_seconds": time.perf_counter() - began}
+    result = {
+        "evaluations": earlier["evaluations"] | evaluations,
+        "train_seconds": earlier["train_seconds"] + time.perf_counter() - began,
+    }
     cached.write_text(json.dumps(result, indent=2))
     return result
 
@@ -186,18 +194,38 @@ def table(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 "after_ci": wilson_interval(*after),
                 "episodes": after[1],
                 "per_seed": per_seed,
+                "by_update": by_update(results, algo, split),
             }
     return rows
 
 
+def by_update(results: dict[str, Any], algo: str, split: str) -> dict[str, Any]:
+    """Pooled success at every update that all seeds evaluated (a run continued to more updates keeps
+    its earlier evaluations), so the table can show the curve, not only its end."""
+    found: dict[int, list[tuple[int, int]]] = {}
+    for seed_results in results["seeds"].values():
+        for name, value in seed_results[algo]["evaluations"].items():
+            run, _, evaluated = name.rpartition("/")
+            if evaluated == split:
+                update = int(run.rpartition("@")[2])
+                found.setdefault(update, []).append((int(value["successes"]), int(value["episodes"])))
+    out = {}
+    for update, rates in sorted(found.items()):
+        if len(rates) == len(results["seeds"]):
+            won, played = sum(r[0] for r in rates), sum(r[1] for r in rates)
+            out[str(update)] = {"rate": won / played, "ci": wilson_interval(won, played), "episodes": played}
+    return out
+
+
 def print_table(rows: dict[str, Any]) -> None:
-    print(f"{'method':8} {'split':4} {'before':>22} {'after':>22}")
+    print(f"{'method':8} {'split':4} {'before':>22} {'after':>22}   at each evaluated update")
     for key, row in rows.items():
         algo, kind = key.split("/")
         b, a = row["before_ci"], row["after_ci"]
+        curve = "  ".join(f"@{u}: {100 * v['rate']:.1f}" for u, v in row["by_update"].items())
         print(
             f"{algo:8} {kind:4} {100 * row['before']:6.1f} [{100 * b[0]:4.1f}, {100 * b[1]:4.1f}]"
-            f"   {100 * row['after']:6.1f} [{100 * a[0]:4.1f}, {100 * a[1]:4.1f}]"
+            f"   {100 * row['after']:6.1f} [{100 * a[0]:4.1f}, {100 * a[1]:4.1f}]   {curve}"
         )
 
 

@@ -21,7 +21,9 @@ mode, the ``compact`` template without history (``configs/textworld_cpu.yaml``).
    of the transitions (1.0: every one, the method as defined; less is cheaper).
    With ``--sft-from``, a learning-benchmark GRPO or GiGPO run of that seed whose configuration
    matches this script's (evaluation scheduling aside) is reused rather than trained again: it is
-   the same run.
+   the same run. A run continued past this script's ``--rl-updates`` (the learning benchmark's
+   ``--rl-updates 80``) is reused too, read up to ``--rl-updates``: at a constant learning rate its
+   first updates are the shorter run's, bit for bit.
 
 Measured, all into ``--out``:
 
@@ -306,10 +308,15 @@ def reused_run(folder: Path, ours: Any, ignore: tuple[str, ...] = ()) -> dict[st
         return None
     saved = yaml.safe_load((folder / "config.yaml").read_text()) or {}
     changed = training_differences(saved, ours.to_dict(), ignore)
+    result = json.loads((folder / "evaluations.json").read_text())
+    if changed == ["updates"] and int(saved["updates"]) > ours.updates:
+        # a run continued past our budget (a constant learning rate: its first updates are the
+        # shorter run's); usable when it was evaluated at our last update
+        if any(name.endswith(f"@{ours.updates}/valid") for name in result["evaluations"]):
+            changed = []
     if changed:
         print(f"not reusing {folder}: it differs in {', '.join(changed)}", flush=True)
         return None
-    result = json.loads((folder / "evaluations.json").read_text())
     return {
         "source": str(folder),
         "evaluations": result["evaluations"],
@@ -423,29 +430,36 @@ def updates_to_reach(curve: list[float], target: float) -> int | None:
     return None
 
 
-def success_curve(folder: str) -> list[float]:
+def update_rows(folder: str | Path, updates: int) -> list[dict[str, Any]]:
+    """The run's ``metrics.jsonl`` rows of updates 1..``updates``, in order (a reused learning-benchmark
+    run may have been continued past this comparison's budget; its later updates are not ours)."""
+    rows = [r for r in metrics(Path(folder)) if int(r["update"]) <= updates]
+    return sorted(rows, key=lambda r: int(r["update"]))
+
+
+def success_curve(folder: str, updates: int) -> list[float]:
     """Rollout success per update on the train games, in update order."""
-    rows = sorted(metrics(Path(folder)), key=lambda r: int(r["update"]))
-    return [float(r.get("success_rate", 0.0)) for r in rows]
+    return [float(r.get("success_rate", 0.0)) for r in update_rows(folder, updates)]
 
 
-def rollout_success(folder: str, last: int) -> dict[str, Any]:
+def rollout_success(folder: str, last: int, updates: int) -> dict[str, Any]:
     """Rollout success over the run's last ``last`` updates (all when 0), pooled over trajectories."""
-    rows = sorted(metrics(Path(folder)), key=lambda r: int(r["update"]))[-last:] if last else metrics(Path(folder))
+    rows = update_rows(folder, updates)
+    rows = rows[-last:] if last else rows
     won = sum(float(r.get("success_rate", 0.0)) * float(r.get("trajectories", 0.0)) for r in rows)
     played = sum(float(r.get("trajectories", 0.0)) for r in rows)
     return {"successes": round(won), "episodes": round(played), "rate": won / played if played else 0.0}
 
 
-def reach(envrl_folder: str, base_folder: str) -> dict[str, Any]:
+def reach(envrl_folder: str, base_folder: str, updates: int) -> dict[str, Any]:
     """When the ENVRL run's smoothed rollout success reaches the baseline's final smoothed one.
 
     Both runs play the same rollouts at update 1 (same seed, same start), so a baseline that ends at
     or below its first update's value sets a target every run "reaches" at update 1: the measure then
     says nothing, and ``informative`` is False (``updates`` and ``fraction`` None).
     """
-    base = moving_average(success_curve(base_folder))
-    curve = moving_average(success_curve(envrl_folder))
+    base = moving_average(success_curve(base_folder, updates))
+    curve = moving_average(success_curve(envrl_folder, updates))
     target = base[-1] if base else 0.0
     informative = bool(base) and target > base[0] + 1e-9
     reached = updates_to_reach(curve, target) if informative else None
@@ -475,11 +489,12 @@ def variant_rows(results: dict[str, Any], variants: list[Variant], args: argpars
             if split in v.splits:
                 row[kind] = pooled_split(results, v.key, split, args.rl_updates)
         folders = [results["seeds"][s][v.key]["folder"] for s in seeds]
-        row["rollout_last10"] = _sum_rates([rollout_success(f, 10) for f in folders])
-        row["rollout_all"] = _sum_rates([rollout_success(f, 0) for f in folders])
+        row["rollout_last10"] = _sum_rates([rollout_success(f, 10, args.rl_updates) for f in folders])
+        row["rollout_all"] = _sum_rates([rollout_success(f, 0, args.rl_updates) for f in folders])
         if v.aux is not None:
             row["reach"] = [
-                {"seed": int(s)} | reach(results["seeds"][s][v.key]["folder"], results["seeds"][s][v.base]["folder"])
+                {"seed": int(s)}
+                | reach(results["seeds"][s][v.key]["folder"], results["seeds"][s][v.base]["folder"], args.rl_updates)
                 for s in seeds
             ]
         probes = [results["seeds"][s][v.key].get("probe") for s in seeds]
@@ -514,7 +529,7 @@ def timings(results: dict[str, Any], variants: list[Variant], args: argparse.Nam
         values = []
         for s in results["seeds"]:
             run = results["seeds"][s][key]
-            rows = sorted(metrics(Path(run["folder"])), key=lambda r: int(r["update"]))
+            rows = update_rows(run["folder"], args.rl_updates)
             rows = rows[1:] if len(rows) > 1 else rows
             values += [r.get("time/collect_s", 0.0) + r.get("time/update_s", 0.0) for r in rows]
             if run.get("eval_seconds") is not None:  # runs trained here (not reused) evaluate once, at the end
@@ -712,10 +727,10 @@ def plot(results: dict[str, Any], variants: list[Variant], args: argparse.Namesp
         curves = []
         for s in results["seeds"]:
             folder = Path(results["seeds"][s][v.key]["folder"])
-            curve = moving_average(success_curve(str(folder)))
+            curve = moving_average(success_curve(str(folder), args.rl_updates))
             curves.append(curve)
             axes[0].plot(range(1, len(curve) + 1), curve, color=color, alpha=0.25, linewidth=0.8)
-            rows = sorted(metrics(folder), key=lambda r: int(r["update"]))
+            rows = update_rows(folder, args.rl_updates)
             for ax, term in ((axes[1], "loss/sp"), (axes[2], "loss/id")):
                 points = [(r["update"], r[term]) for r in rows if term in r]
                 if points:
