@@ -25,12 +25,15 @@ are in the JSON too.
 
     .venv/bin/python benchmarks/learning_cpu.py                  # 3 seeds; see the README for the time
     .venv/bin/python benchmarks/learning_cpu.py --seeds 1        # one seed (seeds can run in parallel processes)
+    .venv/bin/python benchmarks/learning_cpu.py --rl-updates 80  # continue finished RL runs to 80 updates
     .venv/bin/python benchmarks/learning_cpu.py --seeds 0 --rl-updates 2 --sft-updates 20   # a quick look
 
 Writes ``--out`` (default ``benchmarks/results/learning_cpu``): ``results.json``,
 ``curves.png`` and each run's folder (config, metrics.jsonl, checkpoints). Finished steps are
 kept, so an interrupted run resumes where it stopped, and a final run over all seeds only
-gathers the finished ones into the table.
+gathers the finished ones into the table. A larger ``--rl-updates`` continues finished RL runs
+(their learning rate is constant, so the result is the longer run's, bit for bit) and the table
+keeps every evaluated update.
 """
 
 from __future__ import annotations
@@ -237,14 +240,27 @@ def plot(results: dict[str, Any], args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    window = 10  # one update plays 8 of the 200 train games: a single point is mostly which 8
+    for algo, color in (("grpo", "tab:blue"), ("gigpo", "tab:orange")):
+        curves = []
+        for seed in results["seeds"]:
+            rates = [r.get("success_rate", 0.0) for r in _metrics(args.out / f"{algo}-seed{seed}")]
+            axes[1].plot(range(1, len(rates) + 1), rates, color=color, alpha=0.12, linewidth=0.8)
+            curves.append(rates)
+        length = min(len(c) for c in curves)
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(length)]
+        smooth = [
+            sum(mean[max(0, i - window + 1) : i + 1]) / len(mean[max(0, i - window + 1) : i + 1]) for i in range(length)
+        ]
+        axes[1].plot(
+            range(1, length + 1), smooth, color=color, linewidth=2.2, label=f"{algo} (mean of seeds, last {window})"
+        )
     for seed in results["seeds"]:
-        for algo, color in (("grpo", "tab:blue"), ("gigpo", "tab:orange")):
-            rows = _metrics(args.out / f"{algo}-seed{seed}")
-            axes[1].plot([r["update"] for r in rows], [r.get("success_rate", 0) for r in rows], color=color, alpha=0.7)
         rows = _metrics(args.out / f"sft-seed{seed}")
         axes[0].plot([r["update"] for r in rows], [r.get("loss", 0) for r in rows], color="tab:green", alpha=0.7)
     axes[0].set(title="SFT loss (per seed)", xlabel="update", ylabel="cross-entropy of the expert action")
-    axes[1].set(title="rollout success on train (blue GRPO, orange GiGPO)", xlabel="update", ylabel="success rate")
+    axes[1].set(title="rollout success on train (thin: per seed and update)", xlabel="update", ylabel="success rate")
+    axes[1].legend(loc="upper left")
     labels, befores, afters, errs_b, errs_a = [], [], [], [], []
     for key, row in results["table"].items():
         labels.append(key)
