@@ -529,7 +529,7 @@ def timings(results: dict[str, Any], variants: list[Variant], args: argparse.Nam
         values = []
         for s in results["seeds"]:
             run = results["seeds"][s][key]
-            rows = update_rows(run["folder"], args.rl_updates)
+            rows = update_rows(run["folder"], args.sft_updates if key == "sft" else args.rl_updates)
             rows = rows[1:] if len(rows) > 1 else rows
             values += [r.get("time/collect_s", 0.0) + r.get("time/update_s", 0.0) for r in rows]
             if run.get("eval_seconds") is not None:  # runs trained here (not reused) evaluate once, at the end
