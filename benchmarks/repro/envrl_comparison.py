@@ -47,6 +47,7 @@ Measured, all into ``--out``:
 (0.001, 0.01, 0.1: at 0.1 the main comparison's rollouts on the train games collapsed) on the GRPO base and scores each point only on its rollout success on the train
 games (``metrics.jsonl``) and its final ``valid`` success: sweep runs evaluate ``valid`` alone,
 and the sweep never reads a ``test_ood`` number. It writes ``sweep.json`` and ``sweep.md``.
+``--sweep-points SP:ID ...`` runs the listed points instead of the whole grid.
 
 Settings were chosen on the train and valid splits only, never on test_ood (all of them are the
 learning benchmark's; the ENVRL weights are the algorithm's untuned defaults until the sweep).
@@ -170,9 +171,16 @@ def sweep_variants(args: argparse.Namespace) -> list[Variant]:
             (("sp_coef", sp), ("id_coef", idc), ("aux_fraction", args.aux_fraction)),
             ("valid",),
         )
-        for sp in args.sweep_values
-        for idc in args.sweep_values
+        for sp, idc in sweep_points(args)
     ]
+
+
+def sweep_points(args: argparse.Namespace) -> list[tuple[float, float]]:
+    """The (sp_coef, id_coef) pairs: ``--sweep-points`` when given (off-diagonal points without the whole
+    grid's cost), else every pair of ``--sweep-values``."""
+    if args.sweep_points:
+        return list(args.sweep_points)
+    return [(sp, idc) for sp in args.sweep_values for idc in args.sweep_values]
 
 
 # ---- configurations ---------------------------------------------------------------------------
@@ -804,6 +812,18 @@ def sweep_report(
 # ---- main ---------------------------------------------------------------------------------------
 
 
+def _weight_pair(text: str) -> tuple[float, float]:
+    """``SP:ID`` -> two non-negative start weights; anything else is a usage error naming the format."""
+    sp, sep, idc = text.partition(":")
+    try:
+        weights = (float(sp), float(idc)) if sep else None
+    except ValueError:
+        weights = None
+    if weights is None or min(weights) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not SP:ID with two non-negative weights, e.g. 0.1:0.001")
+    return weights
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -838,6 +858,14 @@ def parse_args() -> argparse.Namespace:
     # 0.1 (the algorithm's default) made the training rollouts' success collapse on every seed of the main
     # comparison (train games only), so the grid reaches down from there rather than up
     parser.add_argument("--sweep-values", type=float, nargs="+", default=[0.001, 0.01, 0.1])
+    parser.add_argument(
+        "--sweep-points",
+        type=_weight_pair,
+        nargs="+",
+        default=None,
+        metavar="SP:ID",
+        help="run these (sp_coef, id_coef) points instead of the --sweep-values grid, e.g. 0.1:0.001",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
