@@ -207,8 +207,8 @@ def test_sp_scores_the_next_observation_and_id_the_action(tiny_checkpoint: Path)
     with torch.no_grad():
         loss, terms = envrl.compute_loss(trainer, samples)
         rl, _ = envrl.base.compute_loss(trainer, [step])
-    assert terms["loss/sp"] == pytest.approx(_token_mean(policy, [sp]), abs=1e-5)
-    assert terms["loss/id"] == pytest.approx(_token_mean(policy, [inverse]), abs=1e-5)
+    assert terms["loss/sp"] == pytest.approx(_token_mean(policy, [sp]), rel=1e-5)  # float32, another summation order
+    assert terms["loss/id"] == pytest.approx(_token_mean(policy, [inverse]), rel=1e-5)
     assert terms["loss/rl"] == float(rl)
     assert float(loss) == pytest.approx(float(rl) + 0.1 * terms["loss/sp"] + 0.1 * terms["loss/id"], abs=1e-6)
 
