@@ -320,7 +320,9 @@ def test_the_aux_terms_are_the_batchs_token_means_for_any_micro_batch_size(
             # a mean of micro-batch means would be off by percents
             assert terms["loss/sp"] == pytest.approx(sp, rel=1e-5), size
             assert terms["loss/id"] == pytest.approx(inverse, rel=1e-5), size
-            assert terms["loss/rl"] == pytest.approx(float(rl), abs=1e-6), size
+            # the RL term (0.018 here) cancels per-step terms of size ~1 (advantages sum to 0), so its
+            # float32 error is absolute at the terms' scale: CI saw 3e-6; a mean of per-step means is ~0
+            assert terms["loss/rl"] == pytest.approx(float(rl), abs=1e-4), size
             assert terms["loss"] == pytest.approx(float(rl) + 0.5 * sp + 0.25 * inverse, rel=1e-5), size
     finally:
         trainer.close()
