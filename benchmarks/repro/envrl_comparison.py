@@ -48,6 +48,9 @@ Measured, all into ``--out``:
 games (``metrics.jsonl``) and its final ``valid`` success: sweep runs evaluate ``valid`` alone,
 and the sweep never reads a ``test_ood`` number. It writes ``sweep.json`` and ``sweep.md``.
 ``--sweep-points SP:ID ...`` runs the listed points instead of the whole grid.
+``--only KEY ...`` runs (or, cached, gathers) just the listed runs of the main pair and the ablations, e.g.
+``--ablations --bases grpo --only grpo envrl-grpo-no-sp envrl-grpo-no-id``: each ENVRL run's base
+joins it, for the updates-to-reach column.
 
 Settings were chosen on the train and valid splits only, never on test_ood (all of them are the
 learning benchmark's; the ENVRL weights are the algorithm's untuned defaults until the sweep).
@@ -57,6 +60,7 @@ learning benchmark's; the ENVRL weights are the algorithm's untuned defaults unt
     .venv/bin/python benchmarks/repro/envrl_comparison.py --seeds 1                         # one seed (seeds can run in parallel processes)
     .venv/bin/python benchmarks/repro/envrl_comparison.py --ablations                       # + the ablations on the GRPO base
     .venv/bin/python benchmarks/repro/envrl_comparison.py --sweep --seeds 0                 # the start-weight sweep
+    .venv/bin/python benchmarks/repro/envrl_comparison.py --ablations --bases grpo --only grpo envrl-grpo-no-id
     .venv/bin/python benchmarks/repro/envrl_comparison.py --quick --out /tmp/envrl_quick    # a smoke run
 
 Writes ``--out`` (default ``benchmarks/results/envrl``): ``results.md``, ``results.json``,
@@ -159,6 +163,15 @@ def ablation_variants(args: argparse.Namespace) -> list[Variant]:
         for f in (0.25, 0.5, 1.0)
         if f != args.aux_fraction
     ]
+
+
+def selected(variants: list[Variant], args: argparse.Namespace) -> list[Variant]:
+    """The variants ``--only`` keeps (all of them without it), with the base of each ENVRL one kept."""
+    if args.only is None:
+        return variants
+    every = main_variants(args) + (ablation_variants(args) if args.ablations else [])
+    keep = set(args.only) | {v.base for v in every if v.key in args.only and v.aux is not None}
+    return [v for v in variants if v.key in keep]
 
 
 def sweep_variants(args: argparse.Namespace) -> list[Variant]:
@@ -603,7 +616,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         "# ENVRL at CPU scale: "
         + ", ".join(f"{BASE_LABELS[b]} vs ENVRL-{BASE_LABELS[b]}" for b in BASE_LABELS if b in args.bases)
-        + " (TextWorld custom quests)",
+        + " (TextWorld custom quests)"
+        + (f"; runs: {', '.join(args.only)} (--only)" if args.only else ""),
         "",
         f"From-scratch tiny model (0.25M parameters), seeds {seeds}; every RL run starts from its seed's SFT "
         f"checkpoint ({args.sft_updates} updates, choice objective) and trains {args.rl_updates} updates of "
@@ -683,6 +697,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
             "|---|---|---|---|---|",
         ]
         for key in ("grpo", "envrl-grpo"):
+            if key not in rows:  # left out by --only
+                continue
             row = rows[key]
             reach_text = _reach_cell(row["reach"]) if row.get("reach") else "-"
             lines.append(
@@ -867,6 +883,13 @@ def parse_args() -> argparse.Namespace:
         help="run these (sp_coef, id_coef) points instead of the --sweep-values grid, e.g. 0.1:0.001",
     )
     parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="KEY",
+        help="run only these main/ablation runs (e.g. grpo envrl-grpo-no-id); an ENVRL run's base is kept",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run: seed 0, 16 games, 2 SFT and 2 RL updates of 4 groups, 4 eval episodes, 1 probe episode",
@@ -880,6 +903,11 @@ def parse_args() -> argparse.Namespace:
         parser.error("--ablations and --sweep run on the GRPO base: keep grpo in --bases")
     if args.groups is None:
         args.groups = 4 if args.quick else 8
+    if args.only is not None:
+        known = [v.key for v in main_variants(args) + (ablation_variants(args) if args.ablations else [])]
+        unknown = [k for k in args.only if k not in known]
+        if unknown or args.sweep:
+            parser.error(f"--only takes keys of {known} (not with --sweep); got {unknown or args.only}")
     if args.out is None:
         args.out = ROOT / "benchmarks" / "results" / ("envrl-quick" if args.quick else "envrl")
     args.out = args.out.resolve()
@@ -895,11 +923,12 @@ def main() -> None:
 
     print(f"envrl from {Path(envrl.__file__).parent}", flush=True)
     began = time.perf_counter()
-    mains = main_variants(args)
+    mains = selected(main_variants(args), args)
+    ablations = selected(ablation_variants(args), args) if args.ablations else []
     if args.sweep:
         variants = [mains[0], *sweep_variants(args)]
     else:
-        variants = mains + (ablation_variants(args) if args.ablations else [])
+        variants = mains + ablations
     results: dict[str, Any] = {
         "settings": vars(args) | {"out": str(args.out), "sft_from": str(args.sft_from) if args.sft_from else None},
         "paper": {
@@ -932,14 +961,14 @@ def main() -> None:
         print(text)
         return
     results["table"] = variant_rows(results, mains, args)
-    if args.ablations:
-        results["ablation_table"] = variant_rows(results, ablation_variants(args), args)
+    if ablations:
+        results["ablation_table"] = variant_rows(results, ablations, args)
     results["start"] = start_row(results, args)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     (args.out / "results.md").write_text(markdown(results, args))
     plot(results, mains, args, "results.png")
-    if args.ablations:
-        plot(results, [mains[0], mains[1], *ablation_variants(args)], args, "ablations.png")
+    if ablations:
+        plot(results, variants, args, "ablations.png")
     print((args.out / "results.md").read_text())
 
 
