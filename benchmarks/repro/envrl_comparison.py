@@ -466,7 +466,28 @@ def success_curve(folder: str, updates: int) -> list[float]:
 def rollout_success(folder: str, last: int, updates: int) -> dict[str, Any]:
     """Rollout success over the run's last ``last`` updates (all when 0), pooled over trajectories."""
     rows = update_rows(folder, updates)
-    rows = rows[-last:] if last else rows
+    return _pooled_rollouts(rows[-last:] if last else rows)
+
+
+def rollout_blocks(folder: str, updates: int, block: int = 10) -> list[dict[str, Any]]:
+    """Rollout success per ``block`` consecutive updates (1-10, 11-20, ...), pooled over trajectories:
+    the shape of a curve (a collapse, a recovery) in a few numbers."""
+    rows = update_rows(folder, updates)
+    return [_pooled_rollouts(rows[i : i + block]) for i in range(0, len(rows), block)]
+
+
+#: the per-update metrics a result keeps of each run (``curves`` in the JSON)
+CURVE_KEYS = ("success_rate", "entropy", "grad_norm", "loss/sp", "loss/id", "weight/sp", "weight/id")
+
+
+def curves(folder: str, updates: int) -> dict[str, list[float | None]]:
+    """The run's ``CURVE_KEYS`` per update (None where a run does not log one), so that a result file
+    holds its curves without the run folders."""
+    rows = update_rows(folder, updates)
+    return {key: [r.get(key) for r in rows] for key in CURVE_KEYS if any(key in r for r in rows)}
+
+
+def _pooled_rollouts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     won = sum(float(r.get("success_rate", 0.0)) * float(r.get("trajectories", 0.0)) for r in rows)
     played = sum(float(r.get("trajectories", 0.0)) for r in rows)
     return {"successes": round(won), "episodes": round(played), "rate": won / played if played else 0.0}
@@ -512,6 +533,9 @@ def variant_rows(results: dict[str, Any], variants: list[Variant], args: argpars
         folders = [results["seeds"][s][v.key]["folder"] for s in seeds]
         row["rollout_last10"] = _sum_rates([rollout_success(f, 10, args.rl_updates) for f in folders])
         row["rollout_all"] = _sum_rates([rollout_success(f, 0, args.rl_updates) for f in folders])
+        per_seed_blocks = [rollout_blocks(f, args.rl_updates) for f in folders]
+        row["rollout_blocks"] = [_sum_rates(list(parts)) for parts in zip(*per_seed_blocks)]
+        row["curves"] = {s: curves(f, args.rl_updates) for s, f in zip(seeds, folders)}
         if v.aux is not None:
             row["reach"] = [
                 {"seed": int(s)}
@@ -693,22 +717,18 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
             "",
             "## Ablations (GRPO base)",
             "",
-            "| run | ID success | OOD success | rollout, last 10 | updates to reach GRPO |",
+            "Rollout success per 10-update block: the train games' rollouts of updates 1-10, 11-20, ..., pooled "
+            "over seeds (per update and seed in the JSON's `curves`).",
+            "",
+            "| run | ID success | OOD success | rollout per 10-update block | updates to reach GRPO |",
             "|---|---|---|---|---|",
         ]
-        for key in ("grpo", "envrl-grpo"):
-            if key not in rows:  # left out by --only
-                continue
-            row = rows[key]
+        shown = [rows[key] for key in ("grpo", "envrl-grpo") if key in rows]  # --only may leave one out
+        for row in shown + list(results["ablation_table"].values()):
             reach_text = _reach_cell(row["reach"]) if row.get("reach") else "-"
+            blocks = ", ".join(_pct(b["rate"]) for b in row["rollout_blocks"])
             lines.append(
-                f"| {row['label']} | {_cell(row.get('ID'))} | {_cell(row.get('OOD'))} | "
-                f"{_pct(row['rollout_last10']['rate'])} | {reach_text} |"
-            )
-        for row in results["ablation_table"].values():
-            lines.append(
-                f"| {row['label']} | {_cell(row.get('ID'))} | {_cell(row.get('OOD'))} | "
-                f"{_pct(row['rollout_last10']['rate'])} | {_reach_cell(row['reach'])} |"
+                f"| {row['label']} | {_cell(row.get('ID'))} | {_cell(row.get('OOD'))} | {blocks} | {reach_text} |"
             )
     lines += ["", "## Time", ""] + timing_lines(results["timings"]) + ["", SCALE_NOTE, ""]
     return "\n".join(lines)
