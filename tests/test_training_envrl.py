@@ -202,7 +202,7 @@ def test_sp_scores_the_next_observation_and_id_the_action(tiny_checkpoint: Path)
     # the loss of a batch of this one transition: the RL term plus each weight times its token mean
     samples, metrics = envrl.attach(policy, [step], update=0, updates=4, seed=0, rank=0)
     assert metrics["aux/transitions"] == 1 and metrics["aux/samples"] == 2
-    assert metrics["weight/sp"] == metrics["weight/id"] == 0.1
+    assert (metrics["weight/sp"], metrics["weight/id"]) == (0.01, 0.001)  # the defaults, from the sweep
     trainer = SimpleNamespace(policy=policy)
     with torch.no_grad():
         loss, terms = envrl.compute_loss(trainer, samples)
@@ -210,7 +210,7 @@ def test_sp_scores_the_next_observation_and_id_the_action(tiny_checkpoint: Path)
     assert terms["loss/sp"] == pytest.approx(_token_mean(policy, [sp]), rel=1e-5)  # float32, another summation order
     assert terms["loss/id"] == pytest.approx(_token_mean(policy, [inverse]), rel=1e-5)
     assert terms["loss/rl"] == float(rl)
-    assert float(loss) == pytest.approx(float(rl) + 0.1 * terms["loss/sp"] + 0.1 * terms["loss/id"], abs=1e-6)
+    assert float(loss) == pytest.approx(float(rl) + 0.01 * terms["loss/sp"] + 0.001 * terms["loss/id"], abs=1e-6)
 
 
 def test_only_format_valid_steps_that_continue_are_transitions(tiny_checkpoint: Path) -> None:
@@ -370,7 +370,7 @@ def test_settings_of_either_base_are_taken() -> None:
     assert envrl.base.name == "gigpo" and envrl.base.config is config.algorithm
     shipped = _checked()  # configs/envrl/textworld.yaml: GRPO's published settings and the aux losses
     assert shipped.policy.template == "think-action" and shipped.rollout.max_steps == 50
-    assert (shipped.algorithm.base, shipped.algorithm.sp_coef, shipped.algorithm.decay) == ("grpo", 0.1, "cosine")
+    assert (shipped.algorithm.base, shipped.algorithm.sp_coef, shipped.algorithm.decay) == ("grpo", 0.01, "cosine")
     with pytest.raises(ConfigError, match="algorithm.sp_coef must be a number >= 0, got 'high'"):
         ENVRL(ENVRLConfig(sp_coef="high")).check(shipped)  # type: ignore[arg-type]
     assert ALGORITHMS["envrl"] is ENVRL
@@ -408,7 +408,7 @@ def test_one_tiny_iteration(env: str, base: str, tiny_checkpoint: Path, tmp_path
         trainer.close()
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [row["update"] for row in rows] == [1]
-    assert rows[0]["weight/sp"] == rows[0]["weight/id"] == 0.1  # the first update: the start weights
+    assert (rows[0]["weight/sp"], rows[0]["weight/id"]) == (0.01, 0.001)  # the first update: the start weights
     for row, batch in zip(rows, batches):
         steps = [s.step for s in batch.samples]
         # the policy's view of each state: the instruction, and the one past turn its window shows

@@ -880,8 +880,9 @@ def parse_args() -> argparse.Namespace:
         default=list(BASE_LABELS),
         help="base algorithms to compare with their ENVRL version (default both; the ablations and sweep need grpo)",
     )
-    parser.add_argument("--sp-coef", type=float, default=0.1, help="ENVRL's SP start weight (the algorithm's default)")
-    parser.add_argument("--id-coef", type=float, default=0.1, help="ENVRL's ID start weight (the algorithm's default)")
+    # the main comparison ran at 0.1/0.1, the algorithm's defaults before the sweep moved them to 0.01/0.001
+    parser.add_argument("--sp-coef", type=float, default=0.1, help="the main ENVRL runs' SP start weight")
+    parser.add_argument("--id-coef", type=float, default=0.1, help="the main ENVRL runs' ID start weight")
     parser.add_argument(
         "--aux-fraction",
         type=float,
