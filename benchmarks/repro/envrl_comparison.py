@@ -17,7 +17,7 @@ mode, the ``compact`` template without history (``configs/textworld_cpu.yaml``).
    ``envrl-grpo`` (ENVRL, base GRPO), ``gigpo``, ``envrl-gigpo`` (``--bases grpo`` or ``gigpo``: one
    pair only). An ENVRL run takes every algorithm key of its base's resolved
    configuration (checked: the two runs differ in the ENVRL keys only), start weights
-   ``--sp-coef``/``--id-coef`` (the algorithm's defaults, 0.1), cosine decay, ``--aux-fraction``
+   ``--sp-coef``/``--id-coef`` (0.1: the algorithm's defaults before the sweep, now 0.01/0.001), cosine decay, ``--aux-fraction``
    of the transitions (1.0: every one, the method as defined; less is cheaper).
    With ``--sft-from``, a learning-benchmark GRPO or GiGPO run of that seed whose configuration
    matches this script's (evaluation scheduling aside) is reused rather than trained again: it is
@@ -810,11 +810,11 @@ def sweep_report(
     default = next((k for k, v in grid.items() if (v["aux"]["sp_coef"], v["aux"]["id_coef"]) == (0.1, 0.1)), None)
     best = max(grid, key=lambda k: (grid[k]["ID"]["rate"], grid[k]["rollout_last10"]["rate"]))
     if default is None:
-        verdict = f"best point: {grid[best]['label']} (the default 0.1/0.1 is not on this grid)"
+        verdict = f"best point: {grid[best]['label']} (0.1/0.1, the main comparison's weights, is not on this grid)"
     elif best != default and all(grid[best][m]["rate"] > grid[default][m]["rate"] for m in ("ID", "rollout_last10")):
-        verdict = f"{grid[best]['label']} beats the default 0.1/0.1 on both valid and train rollout success"
+        verdict = f"{grid[best]['label']} beats the main comparison's 0.1/0.1 on both valid and train rollout success"
     else:
-        verdict = "no point beats the default 0.1/0.1 on both valid and train rollout success: keep 0.1/0.1"
+        verdict = "no point beats the main comparison's 0.1/0.1 on both valid and train rollout success"
     data = {"settings": results["settings"], "grpo": base, "grid": grid, "best": best, "verdict": verdict}
     seeds = ", ".join(results["seeds"])
     lines = [
@@ -892,7 +892,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--probe-episodes", type=int, default=5, help="expert episodes of valid per probe")
     parser.add_argument("--ablations", action="store_true", help="also: no SP, no ID, constant weights, aux 0.25/0.5")
     parser.add_argument("--sweep", action="store_true", help="the start-weight sweep only (sweep.json, sweep.md)")
-    # 0.1 (the algorithm's default) made the training rollouts' success collapse on every seed of the main
+    # 0.1 (the algorithm's default before the sweep) made the training rollouts' success collapse on every seed of the main
     # comparison (train games only), so the grid reaches down from there rather than up
     parser.add_argument("--sweep-values", type=float, nargs="+", default=[0.001, 0.01, 0.1])
     parser.add_argument(
