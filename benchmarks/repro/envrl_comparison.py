@@ -633,6 +633,11 @@ def _fraction_cell(entries: list[dict[str, Any]]) -> str:
     return f"{100 * statistics.fmean(fractions):.0f}% ({len(fractions)}/{len(measured)} seeds reached){note}"
 
 
+def command_line() -> str:
+    """This invocation as a reader would type it (``--out`` as given), for the reports' headers."""
+    return " ".join([".venv/bin/python benchmarks/repro/envrl_comparison.py", *sys.argv[1:]])
+
+
 def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
     """``results.md``: success, updates to reach the baseline, probes, ablations, timings, scale note."""
     rows = results["table"]
@@ -652,6 +657,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"({args.eval_episodes} episodes per split and seed); choose mode, temperature 1; turns = mean turns of "
         "the successful episodes; rollout = success of the training rollouts (train games) over the last 10 "
         "updates.",
+        "",
+        f"Command: `{command_line()}` (the runs it reads may have been trained by separate per-seed invocations).",
         "",
         "| policy | ID success | OOD success | ID turns | OOD turns | rollout, last 10 | paper ALFWorld | paper WebShop |",
         "|---|---|---|---|---|---|---|---|",
@@ -825,6 +832,8 @@ def sweep_report(
         f"final valid success ({args.eval_episodes} episodes per seed, pooled, 95% Wilson); test_ood is neither "
         "evaluated for these runs nor read. Rule: order by valid success, then by train rollout success over the "
         "last 10 updates; change the default only if a point beats 0.1/0.1 on both.",
+        "",
+        f"Command: `{command_line()}`.",
         "",
         "| sp_coef | id_coef | valid success | rollout, last 10 | rollout, all updates | updates to reach GRPO's final |",
         "|---|---|---|---|---|---|",
