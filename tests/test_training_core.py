@@ -15,7 +15,7 @@ from envrl.agents.hf import HFBackend  # noqa: E402
 from envrl.training.algorithms import GRPOConfig, SFTConfig, algorithm_class  # noqa: E402
 from envrl.training.checkpoints import check_output  # noqa: E402
 from envrl.training.config import ConfigError, PolicyConfig, build_config  # noqa: E402
-from envrl.training.policy import Policy, scored_units  # noqa: E402
+from envrl.training.policy import Policy, length_buckets, scored_units  # noqa: E402
 from envrl.training.rollout import StepSample  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You play."}, {"role": "user", "content": "You see a door. Go?"}]
@@ -153,6 +153,35 @@ def test_policy_scores_response_tokens_only_and_choices_as_one_unit(tiny_checkpo
     loss = -(policy.logprobs(samples).logprobs.sum())
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_length_buckets_bound_the_padding_and_keep_every_row_once() -> None:
+    lengths = [500, 150, 160, 520, 155, 280, 150]
+    buckets = length_buckets(lengths)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    assert buckets == [[1, 6, 4, 2], [5], [0, 3]]  # the 150s with 160, 280 alone, 500 with 520
+    for bucket in buckets:
+        padded = len(bucket) * max(lengths[i] for i in bucket)
+        assert padded <= 1.25 * sum(lengths[i] for i in bucket)
+    assert length_buckets([]) == [] and length_buckets([7, 7, 7]) == [[0, 1, 2]]
+    assert length_buckets([10, 100], slack=100.0) == [[0, 1]]  # a loose bound pads as one batch did
+
+
+def test_responses_of_very_different_lengths_score_as_each_alone(tiny_checkpoint: Path) -> None:
+    """Rows run in several length groups (short rows not padded to the longest), and each row's
+    log-probs come back in the caller's order, as the row scored alone."""
+    policy = Policy(PolicyConfig(model=str(tiny_checkpoint), device="cpu", temperature=1.0), "textworld")
+    prompt = policy.encode_prompt(MESSAGES)
+    long_response = policy.encode_response(" ".join(["open the box"] * 30))
+    samples = [_sample(prompt, long_response), _sample(prompt[-8:], [5, 6]), _sample(prompt + prompt, [7])]
+    assert len(length_buckets([len(s.prompt_ids) + len(s.response_ids) for s in samples])) == 3
+    with torch.no_grad():
+        together = policy.logprobs(samples)
+        for row, sample in enumerate(samples):
+            alone = policy.logprobs([sample]).logprobs[0]
+            n = len(sample.response_ids)
+            assert together.mask[row].sum() == n
+            assert together.logprobs[row, :n].tolist() == pytest.approx(alone[:n].tolist(), abs=1e-5)
 
 
 def test_temperature_divides_the_logits(tiny_checkpoint: Path) -> None:

@@ -171,6 +171,20 @@ class Policy:
     def _response_logprobs(
         self, model: Any, samples: Sequence[ScoredSample], temperature: float
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each sample's response-token log-probs and entropies, in order: one forward per group
+        of similar lengths (:func:`length_buckets`), so that short rows are not padded to the
+        longest (ENVRL's SP and ID rows range from ~150 to ~540 tokens: in one padded batch 44%
+        of the positions computed were padding)."""
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+        out: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(samples)  # type: ignore[list-item]
+        for bucket in length_buckets(lengths):
+            for i, row in zip(bucket, self._padded_response_logprobs(model, [samples[i] for i in bucket], temperature)):
+                out[i] = row
+        return out
+
+    def _padded_response_logprobs(
+        self, model: Any, samples: Sequence[ScoredSample], temperature: float
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One forward over left-padded prompt + response rows; each row's response tokens. Every
         response ends its row, so the model computes logits for the last ``keep`` positions only."""
         device = self.device
@@ -245,6 +259,29 @@ class Policy:
         """Switch train/eval mode (no dropout while acting); returns a no-op context for ``with``."""
         self.unwrapped.train(training)
         return nullcontext()
+
+
+#: the share of padding a forward over rows of different lengths may add to their tokens (see :func:`length_buckets`)
+PADDING_SLACK = 0.25
+
+
+def length_buckets(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list[list[int]]:
+    """The indices of ``lengths`` in groups to run as one padded forward each: in increasing
+    length, a row joins the current group while the group's padded size (rows x its longest)
+    stays within ``1 + slack`` times its tokens, so padding is at most ``slack / (1 + slack)``
+    of the positions computed. Rows of equal length always share a group; every index appears
+    once."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    buckets: list[list[int]] = []
+    tokens = 0
+    for i in order:
+        if buckets and (len(buckets[-1]) + 1) * lengths[i] <= (1.0 + slack) * (tokens + lengths[i]):
+            buckets[-1].append(i)
+            tokens += lengths[i]
+        else:
+            buckets.append([i])
+            tokens = lengths[i]
+    return buckets
 
 
 def _pad(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> Scores:
