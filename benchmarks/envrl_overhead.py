@@ -25,7 +25,8 @@ before every timed update so both variants see the same model. The peak memory o
 the largest resident set size sampled every 2 ms while it runs, less the size just before it,
 after freed memory is handed back to the OS (glibc's ``malloc_trim``;
 ``torch.cuda.max_memory_allocated`` on a GPU). Printed and written to ``--out``/results.json:
-the median time and peak of each, and their ratios (ENVRL / GRPO).
+the median time and peak of each, their ratios (ENVRL / GRPO), and the positions the auxiliary
+passes compute (:func:`aux_positions`: padded as one batch per micro-batch, or in length groups).
 
     .venv/bin/python benchmarks/envrl_overhead.py                 # small model (1.9M), ~3 min on 2 cores
     .venv/bin/python benchmarks/envrl_overhead.py --size tiny --repeats 3
@@ -129,6 +130,26 @@ def as_generated(policy: Any, steps: list[Any], thought_tokens: int) -> None:
         step.candidate_ids, step.choice = None, None
 
 
+def aux_positions(samples: list[Any], micro_batch_size: int) -> dict[str, int]:
+    """What the auxiliary forward passes compute, per micro-batch of ``samples`` in batch order (the
+    loop shuffles first, so its figure differs a little): the SP/ID rows' tokens, and the positions
+    computed when each micro-batch's rows are padded to its longest row (one forward, as before
+    length groups) and in :func:`~envrl.training.policy.length_buckets` groups (as now)."""
+    from envrl.training.policy import length_buckets
+
+    out = {"tokens": 0, "one_batch": 0, "length_groups": 0}
+    for start in range(0, len(samples), micro_batch_size):
+        lengths = [
+            len(a.prompt_ids) + len(a.response_ids) for s in samples[start : start + micro_batch_size] for a in s.aux
+        ]
+        if not lengths:
+            continue
+        out["tokens"] += sum(lengths)
+        out["one_batch"] += len(lengths) * max(lengths)
+        out["length_groups"] += sum(len(b) * max(lengths[i] for i in b) for b in length_buckets(lengths))
+    return out
+
+
 def _response_tokens(step: Any) -> int:
     if step.candidate_ids is not None:
         return sum(len(c) for c in step.candidate_ids)
@@ -207,6 +228,7 @@ def main() -> None:
         "aux_samples": sum(len(sample.aux) for sample in samples),
         "rl_units": int(batch.metrics.get("samples", len(steps))),
         "aux_tokens": batch.metrics.get("aux/tokens"),
+        "aux_positions": aux_positions(samples, config.optim.micro_batch_size),
         "repeats": args.repeats,
     }
     for name, values in runs.items():
@@ -230,6 +252,12 @@ def main() -> None:
             f"{name:6} update {r['median_seconds']:.2f} s (median of {args.repeats}), peak +{r['median_peak_mib']:.0f} MiB"
         )
     memory = f"{result['memory_ratio']:.2f}" if result["memory_ratio"] is not None else "n/a"
+    positions = result["aux_positions"]
+    print(
+        f"SP/ID rows: {positions['tokens']} tokens; positions computed per micro-batch of "
+        f"{config.optim.micro_batch_size}: {positions['one_batch']} padded as one batch, "
+        f"{positions['length_groups']} in length groups"
+    )
     print(f"ENVRL / GRPO: time x{result['time_ratio']:.2f}, peak memory x{memory}")
 
 
