@@ -9,13 +9,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from envrl.agents.choose import score_candidates  # noqa: E402
+from envrl.agents.choose import length_buckets, score_candidates  # noqa: E402
 from envrl.agents.generation import SamplingConfig  # noqa: E402
 from envrl.agents.hf import HFBackend  # noqa: E402
 from envrl.training.algorithms import GRPOConfig, SFTConfig, algorithm_class  # noqa: E402
 from envrl.training.checkpoints import check_output  # noqa: E402
 from envrl.training.config import ConfigError, PolicyConfig, build_config  # noqa: E402
-from envrl.training.policy import Policy, length_buckets, scored_units  # noqa: E402
+from envrl.training.policy import Policy, common_prefix_length, scored_units  # noqa: E402
 from envrl.training.rollout import StepSample  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You play."}, {"role": "user", "content": "You see a door. Go?"}]
@@ -61,6 +61,20 @@ def test_packed_scoring_of_many_prompts_matches_each_candidate_scored_alone(tiny
     assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in model.parameters())
     with pytest.raises(ValueError, match="at least one candidate"):
         choose.score_candidate_sets(model, [(prompts[0], [])], backend.pad_id)
+    # score_from: the tokens before it are context, scored from there on (a mixed row: one candidate
+    # from its first token, one from its fourth, one from its last)
+    options = candidates[1][:3]
+    with torch.no_grad():
+        grid = choose.score_candidate_sets(
+            model, [(prompts[0], options)], backend.pad_id, [[0, 3, len(options[2]) - 1]]
+        )[0]
+        full = choose.score_candidate_sets(model, [(prompts[0], options)], backend.pad_id)[0]
+    for row, start in enumerate([0, 3, len(options[2]) - 1]):
+        n = len(options[row]) - start
+        assert grid[row, :n].tolist() == pytest.approx(full[row, start : start + n].tolist(), abs=1e-5)
+    assert grid.shape == (3, len(options[0]))
+    with pytest.raises(ValueError, match="within it"):
+        choose.score_candidate_sets(model, [(prompts[0], options)], backend.pad_id, [[0, 0, len(options[2])]])
 
 
 def test_choose_scores_match_a_direct_computation_and_probabilities_sum_to_one(tiny_checkpoint: Path) -> None:
@@ -182,6 +196,41 @@ def test_responses_of_very_different_lengths_score_as_each_alone(tiny_checkpoint
             n = len(sample.response_ids)
             assert together.mask[row].sum() == n
             assert together.logprobs[row, :n].tolist() == pytest.approx(alone[:n].tolist(), abs=1e-5)
+
+
+def test_rows_that_share_a_prefix_score_as_each_alone_with_its_gradient(tiny_checkpoint: Path) -> None:
+    """A group's shared start is computed once (one packed row), and every response token gets
+    the log-prob and the gradient it gets when its row runs alone; a group with no common token
+    and a group of one run each row on its own."""
+    policy = Policy(PolicyConfig(model=str(tiny_checkpoint), device="cpu", temperature=2.0), "textworld")
+    prompt = policy.encode_prompt(MESSAGES)
+    assert common_prefix_length([[4, 5, 6], [4, 5, 7, 8], [4, 5]]) == 2
+    assert common_prefix_length([[4, 5], [6]]) == 0 and common_prefix_length([[4, 5], [4, 5]]) == 2
+    groups = [
+        [  # shares the prompt but its last token, then branches of different lengths
+            _sample(prompt, policy.encode_response("<action>open the box</action>")),
+            _sample(prompt[:-1] + [9, 10, 11], policy.encode_response("You open the box.")),
+            _sample(prompt, [12]),  # the same prompt: the shared part stops at the prompt's end
+        ],
+        [_sample([20, 21, 22], [23, 24]), _sample([25, 21], [26])],  # nothing in common
+        [_sample(prompt[-6:], [30, 31, 32])],
+    ]
+    flat = [s for group in groups for s in group]
+    packed = policy.shared_prefix_logprobs(groups)
+    assert [len(row) for group in packed for row in group] == [len(s.response_ids) for s in flat]
+    for group, rows in zip(groups, packed):
+        for sample, row in zip(group, rows):
+            alone = policy.logprobs([sample], temperature=1.0).logprobs[0, : len(sample.response_ids)]
+            assert row.tolist() == pytest.approx(alone.tolist(), abs=1e-5)
+    # the gradient of a loss through the packed rows is the one through the rows alone
+    weights = [float(k + 1) for k in range(len(flat))]
+    params = [p for p in policy.unwrapped.parameters() if p.requires_grad]
+    packed_loss = sum(w * row.sum() for w, row in zip(weights, (r for g in packed for r in g)))
+    packed_grads = torch.autograd.grad(packed_loss, params)
+    alone_loss = sum(w * policy.logprobs([s], temperature=1.0).logprobs[0].sum() for w, s in zip(weights, flat))
+    alone_grads = torch.autograd.grad(alone_loss, params)
+    for a, b in zip(packed_grads, alone_grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_temperature_divides_the_logits(tiny_checkpoint: Path) -> None:

@@ -18,8 +18,11 @@ candidates after it, with an attention mask under which each candidate's tokens 
 and their own earlier tokens only, and position ids that start every candidate right after the
 prompt. Each candidate is thus scored exactly as if it followed the prompt alone, the prompt is
 computed once, and many prompts' rows go through the model in one forward pass (rollouts score
-a whole batch of envs at once, training a whole micro-batch), which is what makes scoring tens
-of actions for tens of envs affordable. :func:`score_candidate_sets` keeps the autograd graph,
+a whole batch of envs at once, training a whole micro-batch; rows of similar length together,
+:func:`length_buckets`), which is what makes scoring tens of actions for tens of envs affordable.
+The same packing scores any rows that share their start (ENVRL's SP and ID rows of a transition):
+the shared start is the prompt, and each row's own rest of the prompt is context before its
+scored tokens (``score_from``). :func:`score_candidate_sets` keeps the autograd graph,
 so training differentiates ``log pi(a | s)`` through exactly the computation that chose ``a``.
 The mask is a 4D float mask, which transformers' ``eager`` and ``sdpa`` attention accept.
 """
@@ -37,6 +40,27 @@ CHOOSE_SCORES = ("sum", "mean")
 CANDIDATE_CHUNK = 64
 #: rows times padded length of one forward pass (a bigger batch is split)
 PACKED_TOKENS = 16384
+#: the share of padding a forward over rows of different lengths may add to their tokens (see :func:`length_buckets`)
+PADDING_SLACK = 0.25
+
+
+def length_buckets(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list[list[int]]:
+    """The indices of ``lengths`` in groups to run as one padded forward each: in increasing
+    length, a row joins the current group while the group's padded size (rows x its longest)
+    stays within ``1 + slack`` times its tokens, so padding is at most ``slack / (1 + slack)``
+    of the positions computed. Rows of equal length always share a group; every index appears
+    once, and each group lists its rows shortest first."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    buckets: list[list[int]] = []
+    tokens = 0
+    for i in order:
+        if buckets and (len(buckets[-1]) + 1) * lengths[i] <= (1.0 + slack) * (tokens + lengths[i]):
+            buckets[-1].append(i)
+            tokens += lengths[i]
+        else:
+            buckets.append([i])
+            tokens = lengths[i]
+    return buckets
 
 
 def score_candidates(model: Any, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]], pad_id: int) -> Any:
@@ -48,72 +72,117 @@ def score_candidates(model: Any, prompt_ids: Sequence[int], candidates: Sequence
 
 
 def score_candidate_sets(
-    model: Any, items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], pad_id: int
+    model: Any,
+    items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
+    pad_id: int,
+    score_from: Sequence[Sequence[int]] | None = None,
 ) -> list[Any]:
     """For each ``(prompt_ids, candidates)`` item, the ``[n, width]`` log-probabilities of its
     candidates' tokens given its prompt (0 past each candidate's end; ``width`` its longest).
+
+    ``score_from`` (per item, per candidate; default all 0) scores a candidate from that token
+    on: the tokens before it are context that the scored ones see, and only the scored ones are
+    returned (a grid as wide as the longest scored part) and get logits. ENVRL uses it for rows
+    that share the start of their prompt: the shared start is the prompt, and each row's own rest
+    of the prompt is its candidate's context, its response the scored part.
 
     Runs ``model`` with gradients when the caller has them on (training), so wrap it in
     ``torch.inference_mode()`` to act.
     """
     import torch
 
-    for prompt, candidates in items:
+    froms = [list(f) for f in score_from] if score_from is not None else [[0] * len(c) for _, c in items]
+    if len(froms) != len(items) or any(len(f) != len(c) for f, (_, c) in zip(froms, items)):
+        raise ValueError("score_from needs one start per candidate of every item")
+    for (prompt, candidates), starts in zip(items, froms):
         if not prompt or not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("scoring needs a prompt and at least one candidate, each of at least one token")
+        if any(not 0 <= f < len(c) for f, c in zip(starts, candidates)):
+            raise ValueError("a candidate's first scored token must lie within it")
     device = next(model.parameters()).device
-    rows = [  # (item, first candidate's index, the candidates of the row)
-        (k, start, candidates[start : start + CANDIDATE_CHUNK])
+    rows = [  # (item, first candidate's index, the candidates of the row, where each one's scored part starts)
+        (k, start, candidates[start : start + CANDIDATE_CHUNK], froms[k][start : start + CANDIDATE_CHUNK])
         for k, (_, candidates) in enumerate(items)
         for start in range(0, len(candidates), CANDIDATE_CHUNK)
     ]
-    lengths = [len(items[k][0]) + sum(len(c) for c in chunk) for k, _, chunk in rows]
+    lengths = [len(items[k][0]) + sum(len(c) for c in chunk) for k, _, chunk, _ in rows]
     # per item: the flat token log-probs of its candidates in order, gathered from every row
     flat: list[list[Any]] = [[] for _ in items]
-    batch: list[int] = []
-    for r in sorted(range(len(rows)), key=lambda r: lengths[r]) + [-1]:
-        if r >= 0 and (not batch or (len(batch) + 1) * max(lengths[r], lengths[batch[-1]]) <= PACKED_TOKENS):
-            batch.append(r)
-            continue
-        if batch:
-            for row, values in zip(batch, _score_rows(model, items, [rows[b] for b in batch], pad_id, device)):
-                flat[rows[row][0]].append((rows[row][1], values))
-        batch = [r] if r >= 0 else []
+    for batch in _forward_batches(lengths):
+        for row, values in zip(batch, _score_rows(model, items, [rows[b] for b in batch], pad_id, device)):
+            flat[rows[row][0]].append((rows[row][1], values))
     out = []
-    for (_, candidates), parts in zip(items, flat):
+    for (_, candidates), starts, parts in zip(items, froms, flat):
         values = torch.cat([v for _, v in sorted(parts, key=lambda part: part[0])])
-        width = max(len(c) for c in candidates)
-        row_index = torch.tensor([i for i, c in enumerate(candidates) for _ in c], device=device)
-        column = torch.tensor([j for c in candidates for j in range(len(c))], device=device)
-        grid = torch.zeros((len(candidates), width), dtype=torch.float32, device=device)
+        scored = [len(c) - f for c, f in zip(candidates, starts)]
+        row_index = torch.tensor([i for i, n in enumerate(scored) for _ in range(n)], device=device)
+        column = torch.tensor([j for n in scored for j in range(n)], device=device)
+        grid = torch.zeros((len(candidates), max(scored)), dtype=torch.float32, device=device)
         out.append(grid.index_put((row_index, column), values))
     return out
+
+
+def _forward_batches(lengths: Sequence[int]) -> list[list[int]]:
+    """Rows to run together: :func:`length_buckets` groups (little padding), each split where its
+    padded size would pass :data:`PACKED_TOKENS` (bounded memory)."""
+    batches: list[list[int]] = []
+    for bucket in length_buckets(lengths):
+        batch: list[int] = []
+        for r in bucket:  # shortest first: the newest row is the longest
+            if batch and (len(batch) + 1) * lengths[r] > PACKED_TOKENS:
+                batches.append(batch)
+                batch = []
+            batch.append(r)
+        batches.append(batch)
+    return batches
 
 
 def _score_rows(
     model: Any,
     items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
-    rows: Sequence[tuple[int, int, Sequence[Sequence[int]]]],
+    rows: Sequence[tuple[int, int, Sequence[Sequence[int]], Sequence[int]]],
     pad_id: int,
     device: Any,
 ) -> list[Any]:
-    """One forward over packed rows (see the module docstring); per row, its candidates' token
-    log-probs, flat, candidate after candidate."""
+    """One forward over packed rows (see the module docstring); per row, its candidates' scored
+    token log-probs, flat, candidate after candidate.
+
+    A row is laid out as the prompt, then every candidate's context but its last token (its
+    "head"), then every candidate's rest (its "tail": the context's last token and the scored
+    tokens), so that every position whose logits are needed sits in the row's last columns and
+    the model computes logits for those only. Positions and the mask make each candidate see the
+    prompt and its own earlier tokens only, as if it followed the prompt alone.
+    """
     import torch
 
-    packed, positions, owners = [], [], []
-    for k, _, chunk in rows:
+    packed, positions, owners, predictors_in_row, targets_in_row = [], [], [], [], []
+    for k, _, chunk, starts in rows:
         prompt = list(items[k][0])
+        cuts = [max(f - 1, 0) for f in starts]  # where each candidate's tail begins
         ids, pos, owner = list(prompt), list(range(len(prompt))), [-1] * len(prompt)
-        for j, tokens in enumerate(chunk):
-            ids += list(tokens)
-            pos += range(len(prompt), len(prompt) + len(tokens))
-            owner += [j] * len(tokens)
+        for j, (tokens, cut) in enumerate(zip(chunk, cuts)):  # the heads
+            ids += tokens[:cut]
+            pos += range(len(prompt), len(prompt) + cut)
+            owner += [j] * cut
+        where: list[int] = []  # per candidate, the row index of its tail's first token
+        for j, (tokens, cut) in enumerate(zip(chunk, cuts)):  # the tails
+            where.append(len(ids))
+            ids += tokens[cut:]
+            pos += range(len(prompt) + cut, len(prompt) + len(tokens))
+            owner += [j] * (len(tokens) - cut)
+        predictors, targets = [], []
+        for tokens, f, cut, first in zip(chunk, starts, cuts, where):
+            for t in range(f, len(tokens)):
+                # token t is predicted at token t - 1's position (in the tail), token 0 at the prompt's last
+                predictors.append(first + t - 1 - cut if t > 0 else len(prompt) - 1)
+                targets.append(tokens[t])
         packed.append(ids)
         positions.append(pos)
         owners.append(owner)
-    # left-padded, so that every row's candidates sit at its end and the model computes logits
-    # only for the last ``keep`` positions (the vocabulary projection is a large share of the work)
+        predictors_in_row.append(predictors)
+        targets_in_row.append(targets)
+    # left-padded, so that every row's tails sit at its end and the model computes logits only for
+    # the last ``keep`` positions (the vocabulary projection is a large share of the work)
     width = max(len(ids) for ids in packed)
     n = len(packed)
     ids_t = torch.full((n, width), pad_id, dtype=torch.long)
@@ -130,29 +199,21 @@ def _score_rows(
     allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: no row is all masked
     mask = torch.zeros((n, 1, width, width), dtype=torch.float32)
     mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(torch.float32).min)
-    keep = max(sum(len(tokens) for tokens in chunk) for _, _, chunk in rows) + 1
+    keep = max(len(ids) - min(p) for ids, p in zip(packed, predictors_in_row))
     logits = model(
         input_ids=ids_t.to(device),
         attention_mask=mask.to(device),
         position_ids=pos_t.to(device),
         logits_to_keep=keep,
     ).logits
-    # candidate token t of a row is predicted at the prompt's last position (its first token) or
-    # at the position of the candidate's previous token; column c of ``logits`` is row position width - keep + c
-    rows_index, predictors, targets = [], [], []
-    for row, (k, _, chunk) in enumerate(rows):
-        prompt_end = width - len(packed[row]) + len(items[k][0]) - (width - keep)  # first candidate token's column
-        cursor = prompt_end
-        for tokens in chunk:
-            predictors += [prompt_end - 1] + list(range(cursor, cursor + len(tokens) - 1))
-            rows_index += [row] * len(tokens)
-            targets += list(tokens)
-            cursor += len(tokens)
-    selected = logits[torch.tensor(rows_index, device=device), torch.tensor(predictors, device=device)]
+    # row index x of a row of length L is column keep - L + x of ``logits``
+    rows_index = [row for row, p in enumerate(predictors_in_row) for _ in p]
+    columns = [keep - len(ids) + x for ids, p in zip(packed, predictors_in_row) for x in p]
+    selected = logits[torch.tensor(rows_index, device=device), torch.tensor(columns, device=device)]
     token_logprobs = torch.log_softmax(selected.float(), dim=-1)
-    token_logprobs = token_logprobs.gather(-1, torch.tensor(targets, device=device).unsqueeze(-1)).squeeze(-1)
-    counts = [sum(len(tokens) for tokens in chunk) for _, _, chunk in rows]
-    return list(torch.split(token_logprobs, counts))
+    target_ids = torch.tensor([t for row in targets_in_row for t in row], device=device)
+    token_logprobs = token_logprobs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
+    return list(torch.split(token_logprobs, [len(p) for p in predictors_in_row]))
 
 
 def candidate_scores(token_logprobs: Any, candidates: Sequence[Sequence[int]], score: str = "sum") -> Any:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from envrl.agents.choose import candidate_scores, choice_distribution, score_candidate_sets
+from envrl.agents.choose import candidate_scores, choice_distribution, length_buckets, score_candidate_sets
 from envrl.agents.generation import SamplingConfig
 from envrl.agents.hf import HFBackend
 from envrl.agents.llm import LLMAgent, LLMOptions, SharedBackend
@@ -152,6 +152,40 @@ class Policy:
                 rows[i] = row
         return _pad(rows, self.device)
 
+    def shared_prefix_logprobs(self, groups: Sequence[Sequence[ScoredSample]]) -> list[list[torch.Tensor]]:
+        """Per group, per sample, the response tokens' log-probs (temperature 1, with gradients)
+        of generated-mode samples that come in groups whose rows begin alike (ENVRL's SP and ID
+        rows of one transition: the same system message and state ``s_t``).
+
+        Each group is one packed row (:func:`~envrl.agents.choose.score_candidate_sets`): the
+        tokens its samples share from the start (short of the shortest prompt's last token)
+        computed once, then each sample's remaining prompt and response as a candidate that sees
+        the shared part and itself only, at the positions it has alone, its response scored.
+        Every token is thus scored exactly as :meth:`logprobs` scores it, and the shared tokens
+        cost one pass instead of one per sample. A group whose samples share no token is scored
+        sample by sample the same way.
+        """
+        items: list[tuple[list[int], list[list[int]]]] = []
+        starts: list[list[int]] = []  # per item, per candidate: its response's first token
+        places: list[list[tuple[int, int]]] = []  # per group, per sample: (item, candidate)
+        for group in groups:
+            rows = [list(s.prompt_ids) + list(s.response_ids) for s in group]
+            shared = min([common_prefix_length(rows)] + [len(s.prompt_ids) - 1 for s in group])
+            parts = [list(range(len(rows)))] if shared > 0 else [[j] for j in range(len(rows))]
+            place: list[tuple[int, int]] = [(0, 0)] * len(rows)
+            for part in parts:
+                cut = shared if shared > 0 else len(group[part[0]].prompt_ids)
+                for branch, j in enumerate(part):
+                    place[j] = (len(items), branch)
+                items.append((rows[part[0]][:cut], [rows[j][cut:] for j in part]))
+                starts.append([len(rows[j]) - cut - len(group[j].response_ids) for j in part])
+            places.append(place)
+        grids = score_candidate_sets(self.model, items, self.backend.pad_id, starts) if items else []
+        return [
+            [grids[item][branch, : len(sample.response_ids)] for (item, branch), sample in zip(place, group)]
+            for place, group in zip(places, groups)
+        ]
+
     def reference_logprobs(self, samples: Sequence[ScoredSample]) -> torch.Tensor:
         """Log-probs under the frozen reference (the starting weights): with LoRA the base model
         with its adapters off (no extra memory), else a frozen copy made on first use."""
@@ -172,7 +206,7 @@ class Policy:
         self, model: Any, samples: Sequence[ScoredSample], temperature: float
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each sample's response-token log-probs and entropies, in order: one forward per group
-        of similar lengths (:func:`length_buckets`), so that short rows are not padded to the
+        of similar lengths (:func:`~envrl.agents.choose.length_buckets`), so that short rows are not padded to the
         longest (ENVRL's SP and ID rows range from ~150 to ~540 tokens: in one padded batch 44%
         of the positions computed were padding)."""
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
@@ -261,27 +295,16 @@ class Policy:
         return nullcontext()
 
 
-#: the share of padding a forward over rows of different lengths may add to their tokens (see :func:`length_buckets`)
-PADDING_SLACK = 0.25
-
-
-def length_buckets(lengths: Sequence[int], slack: float = PADDING_SLACK) -> list[list[int]]:
-    """The indices of ``lengths`` in groups to run as one padded forward each: in increasing
-    length, a row joins the current group while the group's padded size (rows x its longest)
-    stays within ``1 + slack`` times its tokens, so padding is at most ``slack / (1 + slack)``
-    of the positions computed. Rows of equal length always share a group; every index appears
-    once."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    buckets: list[list[int]] = []
-    tokens = 0
-    for i in order:
-        if buckets and (len(buckets[-1]) + 1) * lengths[i] <= (1.0 + slack) * (tokens + lengths[i]):
-            buckets[-1].append(i)
-            tokens += lengths[i]
-        else:
-            buckets.append([i])
-            tokens = lengths[i]
-    return buckets
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """How many tokens all ``rows`` share from the start."""
+    if not rows:
+        return 0
+    shortest = min(len(row) for row in rows)
+    for k in range(shortest):
+        token = rows[0][k]
+        if any(row[k] != token for row in rows):
+            return k
+    return shortest
 
 
 def _pad(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> Scores:
