@@ -26,7 +26,8 @@ the largest resident set size sampled every 2 ms while it runs, less the size ju
 after freed memory is handed back to the OS (glibc's ``malloc_trim``;
 ``torch.cuda.max_memory_allocated`` on a GPU). Printed and written to ``--out``/results.json:
 the median time and peak of each, their ratios (ENVRL / GRPO), and the positions the auxiliary
-passes compute (:func:`aux_positions`: padded as one batch per micro-batch, or in length groups).
+passes compute (:func:`aux_positions`: padded as one batch per micro-batch, in length groups, or
+with each transition's common start once).
 
     .venv/bin/python benchmarks/envrl_overhead.py                 # small model (1.9M), ~3 min on 2 cores
     .venv/bin/python benchmarks/envrl_overhead.py --size tiny --repeats 3
@@ -132,21 +133,28 @@ def as_generated(policy: Any, steps: list[Any], thought_tokens: int) -> None:
 
 def aux_positions(samples: list[Any], micro_batch_size: int) -> dict[str, int]:
     """What the auxiliary forward passes compute, per micro-batch of ``samples`` in batch order (the
-    loop shuffles first, so its figure differs a little): the SP/ID rows' tokens, and the positions
-    computed when each micro-batch's rows are padded to its longest row (one forward, as before
-    length groups) and in :func:`~envrl.training.policy.length_buckets` groups (as now)."""
-    from envrl.training.policy import length_buckets
+    loop shuffles first, so its figure differs a little): the SP/ID rows' tokens; the positions
+    computed when each micro-batch's rows are padded to its longest row (one forward, the first
+    version) and in :func:`~envrl.agents.choose.length_buckets` groups (the second); and the
+    tokens left when each transition's rows share their common start (as now,
+    :meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`; packed rows of similar length
+    add some padding to it)."""
+    from envrl.agents.choose import length_buckets
+    from envrl.training.policy import common_prefix_length
 
-    out = {"tokens": 0, "one_batch": 0, "length_groups": 0}
+    out = {"tokens": 0, "one_batch": 0, "length_groups": 0, "shared_prefix": 0}
     for start in range(0, len(samples), micro_batch_size):
-        lengths = [
-            len(a.prompt_ids) + len(a.response_ids) for s in samples[start : start + micro_batch_size] for a in s.aux
-        ]
+        chunk = [s for s in samples[start : start + micro_batch_size] if s.aux]
+        rows = [[a.prompt_ids + a.response_ids for a in s.aux] for s in chunk]
+        lengths = [len(row) for group in rows for row in group]
         if not lengths:
             continue
         out["tokens"] += sum(lengths)
         out["one_batch"] += len(lengths) * max(lengths)
         out["length_groups"] += sum(len(b) * max(lengths[i] for i in b) for b in length_buckets(lengths))
+        for sample, group in zip(chunk, rows):
+            shared = min([common_prefix_length(group)] + [len(a.prompt_ids) for a in sample.aux])
+            out["shared_prefix"] += sum(len(row) for row in group) - (len(group) - 1) * shared
     return out
 
 
@@ -256,7 +264,8 @@ def main() -> None:
     print(
         f"SP/ID rows: {positions['tokens']} tokens; positions computed per micro-batch of "
         f"{config.optim.micro_batch_size}: {positions['one_batch']} padded as one batch, "
-        f"{positions['length_groups']} in length groups"
+        f"{positions['length_groups']} in length groups, {positions['shared_prefix']} with each transition's "
+        "common start once"
     )
     print(f"ENVRL / GRPO: time x{result['time_ratio']:.2f}, peak memory x{memory}")
 

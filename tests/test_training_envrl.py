@@ -24,7 +24,7 @@ from envrl.training.algorithms import ALGORITHMS, ENVRL, ENVRLConfig, algorithm_
 from envrl.training.algorithms.envrl import aux_weight, pick_transitions, transition_steps  # noqa: E402
 from envrl.training.config import ConfigError, PolicyConfig, build_config  # noqa: E402
 from envrl.training.loop import Trainer  # noqa: E402
-from envrl.training.policy import Policy  # noqa: E402
+from envrl.training.policy import Policy, common_prefix_length  # noqa: E402
 from envrl.training.rollout import RolloutBatch, StepSample, Trajectory  # noqa: E402
 
 INSTRUCTION = "Take the key from the chest, then go east."
@@ -174,23 +174,19 @@ def test_sp_scores_the_next_observation_and_id_the_action(tiny_checkpoint: Path)
     )
     sp, inverse = envrl.aux_samples(policy, step)
     assert (sp.kind, inverse.kind) == ("state_prediction", "inverse_dynamics")
-    state = "Task: Take the key.\n\nA closed chest.\n> open chest\n\nYou open the chest, revealing a key."
+    system = "A text environment's transcript: each observation, then the action after '> '. Fill in what is missing."
+    state = "Task: Take the key.\n\nA closed chest.\n> open chest\n\nYou open the chest, revealing a key.\n> "
+    sp_user = state + "take key from chest\n\nWhat does the environment show next?"
+    id_user = state + "?\n\nYou take the key from the chest.\n\nWhich action is the '?'?"
     assert sp.prompt_ids == policy.encode_prompt(
-        [
-            {"role": "system", "content": "Predict what the text environment shows after the last action."},
-            {"role": "user", "content": state + "\n> take key from chest"},
-        ]
+        [{"role": "system", "content": system}, {"role": "user", "content": sp_user}]
     )
     assert inverse.prompt_ids == policy.encode_prompt(
-        [
-            {"role": "system", "content": "Name the action that led from one observation to the next."},
-            {
-                "role": "user",
-                "content": "Task: Take the key.\n\nA closed chest.\n> open chest\n\n"
-                "Before:\nYou open the chest, revealing a key.\n\nAfter:\nYou take the key from the chest.",
-            },
-        ]
+        [{"role": "system", "content": system}, {"role": "user", "content": id_user}]
     )
+    # the two rows share the system message and the state, token for token: computed once
+    shared = policy.tokenizer.decode(sp.prompt_ids[: common_prefix_length([sp.prompt_ids, inverse.prompt_ids])])
+    assert system in shared and shared.rstrip().endswith(state.rstrip())  # up to "> " (a BPE merge aside)
     tokens = policy.tokenizer
     next_tokens = tokens("You take the key from the chest.", add_special_tokens=False)["input_ids"]
     action_tokens = tokens("<action>take key from chest</action>", add_special_tokens=False)["input_ids"]

@@ -39,7 +39,8 @@ Measured, all into ``--out``:
   the steps;
 * the world-model probes (``envrl probe``, :func:`envrl.training.probes.run_probe`) of every final
   checkpoint and of the SFT start, on the expert's transitions of ``--probe-episodes`` (5) valid
-  games: SP token accuracy, SP exact match, ID top-1 accuracy and its chance level;
+  games: SP token accuracy, SP exact match, ID top-1 accuracy and its chance level, all asked in
+  the prompts ENVRL trains with (``ENVRLConfig``'s ``sp_template`` and ``id_template``);
 * ``--ablations`` (on the GRPO base, costly): no SP, no ID, constant weights, ``aux_fraction``
   0.25, 0.5 and 1.0 (the one ``envrl-grpo`` uses is not repeated).
 
@@ -413,10 +414,12 @@ def sft_run(seed: int, args: argparse.Namespace) -> dict[str, Any]:
 def probe(name: str, checkpoint: str, args: argparse.Namespace) -> dict[str, Any]:
     """``envrl probe`` of one checkpoint on ``--probe-episodes`` expert episodes of valid, cached
     in ``probes/<name>.json`` and recorded in ``runs/`` under the run's leaderboard row."""
+    from envrl.training.algorithms.envrl import ENVRLConfig
     from envrl.training.probes import run_probe
 
     cache = args.out / "probes" / f"{name}.json"
-    key = {"checkpoint": checkpoint, "split": PROBE_SPLIT, "episodes": args.probe_episodes, "seed": 0}
+    templates = {"sp_template": ENVRLConfig.sp_template, "id_template": ENVRLConfig.id_template}
+    key = {"checkpoint": checkpoint, "split": PROBE_SPLIT, "episodes": args.probe_episodes, "seed": 0} | templates
     if cache.is_file():
         saved: dict[str, Any] = json.loads(cache.read_text())
         if all(saved.get(k) == v for k, v in key.items()):
@@ -431,6 +434,8 @@ def probe(name: str, checkpoint: str, args: argparse.Namespace) -> dict[str, Any
         env_kwargs=ENV_KWARGS,
         template="compact",
         history=0,
+        sp_template=templates["sp_template"],
+        id_template=templates["id_template"],
         name=name,
         runs_dir=args.out / "runs",
         device="cpu",
@@ -646,6 +651,8 @@ def command_line() -> str:
 
 def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
     """``results.md``: success, updates to reach the baseline, probes, ablations, timings, scale note."""
+    from envrl.training.algorithms.envrl import ENVRLConfig
+
     rows = results["table"]
     seeds = ", ".join(results["seeds"])
     lines = [
@@ -712,7 +719,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         f"`envrl probe` on the transitions of {args.probe_episodes} expert episodes of valid per checkpoint; mean "
         "over seeds (per seed in the JSON). SP: teacher-forced token accuracy and exact match of the greedy next "
-        "observation; ID: top-1 accuracy of the true action among the admissible ones, with its chance level.",
+        "observation; ID: top-1 accuracy of the true action among the admissible ones, with its chance level; "
+        f"prompts `{ENVRLConfig.sp_template}` and `{ENVRLConfig.id_template}`, the ones ENVRL trains with.",
         "",
         "| checkpoint | transitions | SP token accuracy | SP exact match | ID accuracy | ID chance |",
         "|---|---|---|---|---|---|",

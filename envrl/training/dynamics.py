@@ -13,11 +13,15 @@ Both are token cross-entropies on the target's tokens plus the end-of-turn token
 (:meth:`~envrl.training.policy.Policy.encode_response`), never on the prompt's. The prompts
 are templates (data, like the agents' templates): a JSON file with a ``kind``
 (``state-prediction`` or ``inverse-dynamics``), a ``system`` string and a ``user`` string
-with :meth:`str.format` fields, and a ``history_turn`` string for each past turn. Two ship
-with envrl, ``world-model`` (state prediction) and ``inverse-dynamics``; a path loads any
-other. ``s`` is shown as the policy sees it: the task, the last ``policy.config.history``
-turns and the current observation (cut like the policy's prompt), so the world model and the
-policy read the same view of the state. The texts are short on purpose: from-scratch CPU
+with :meth:`str.format` fields, and a ``history_turn`` string for each past turn. Two pairs ship
+with envrl: ``world-model`` (state prediction, IWM's) and ``inverse-dynamics``, each with its own
+system message; and ENVRL's ``envrl-state-prediction`` and ``envrl-inverse-dynamics``, which
+write the system message and the state ``s`` identically and differ only after it, so that the
+two rows of a transition share that prefix token for token and ENVRL computes it once
+(:meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`). A path loads any other.
+``s`` is shown as the policy sees it: the task, the last ``policy.config.history`` turns and
+the current observation (cut like the policy's prompt), so the world model and the policy read
+the same view of the state. The texts are short on purpose: from-scratch CPU
 models have 512 positions.
 
 Fields: ``user`` takes ``{instruction}``, ``{history}``, ``{observation}`` and ``{action}``
@@ -39,7 +43,12 @@ from envrl.agents.generation import Message
 from envrl.agents.prompts import TemplateError, Turn, clip_observation
 
 #: built-in world-model templates, by name -> file in envrl/training/templates
-BUILTIN_WORLD_MODEL_TEMPLATES = {"world-model": "world_model.json", "inverse-dynamics": "inverse_dynamics.json"}
+BUILTIN_WORLD_MODEL_TEMPLATES = {
+    "world-model": "world_model.json",
+    "inverse-dynamics": "inverse_dynamics.json",
+    "envrl-state-prediction": "envrl_state_prediction.json",
+    "envrl-inverse-dynamics": "envrl_inverse_dynamics.json",
+}
 
 #: the fields ``user`` may use, per kind; the last one is the one it must use
 _USER_FIELDS = {
