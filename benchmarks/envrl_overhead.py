@@ -140,7 +140,7 @@ def aux_positions(samples: list[Any], micro_batch_size: int) -> dict[str, int]:
     :meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`; packed rows of similar length
     add some padding to it)."""
     from envrl.agents.choose import length_buckets
-    from envrl.training.policy import common_prefix_length
+    from envrl.training.policy import shared_start
 
     out = {"tokens": 0, "one_batch": 0, "length_groups": 0, "shared_prefix": 0}
     for start in range(0, len(samples), micro_batch_size):
@@ -153,8 +153,7 @@ def aux_positions(samples: list[Any], micro_batch_size: int) -> dict[str, int]:
         out["one_batch"] += len(lengths) * max(lengths)
         out["length_groups"] += sum(len(b) * max(lengths[i] for i in b) for b in length_buckets(lengths))
         for sample, group in zip(chunk, rows):
-            shared = min([common_prefix_length(group)] + [len(a.prompt_ids) for a in sample.aux])
-            out["shared_prefix"] += sum(len(row) for row in group) - (len(group) - 1) * shared
+            out["shared_prefix"] += sum(len(row) for row in group) - (len(group) - 1) * shared_start(sample.aux)
     return out
 
 

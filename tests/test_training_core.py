@@ -15,7 +15,7 @@ from envrl.agents.hf import HFBackend  # noqa: E402
 from envrl.training.algorithms import GRPOConfig, SFTConfig, algorithm_class  # noqa: E402
 from envrl.training.checkpoints import check_output  # noqa: E402
 from envrl.training.config import ConfigError, PolicyConfig, build_config  # noqa: E402
-from envrl.training.policy import Policy, common_prefix_length, scored_units  # noqa: E402
+from envrl.training.policy import Policy, common_prefix_length, scored_units, shared_start  # noqa: E402
 from envrl.training.rollout import StepSample  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You play."}, {"role": "user", "content": "You see a door. Go?"}]
@@ -215,6 +215,9 @@ def test_rows_that_share_a_prefix_score_as_each_alone_with_its_gradient(tiny_che
         [_sample([20, 21, 22], [23, 24]), _sample([25, 21], [26])],  # nothing in common
         [_sample(prompt[-6:], [30, 31, 32])],
     ]
+    # computed once: the common start, short of the shortest prompt's last token
+    assert [shared_start(g) for g in groups] == [len(prompt) - 1, 0, 5]
+    assert shared_start([_sample(prompt, [12]), _sample(prompt, [12])]) == len(prompt) - 1
     flat = [s for group in groups for s in group]
     packed = policy.shared_prefix_logprobs(groups)
     assert [len(row) for group in packed for row in group] == [len(s.response_ids) for s in flat]

@@ -170,7 +170,7 @@ class Policy:
         places: list[list[tuple[int, int]]] = []  # per group, per sample: (item, candidate)
         for group in groups:
             rows = [list(s.prompt_ids) + list(s.response_ids) for s in group]
-            shared = min([common_prefix_length(rows)] + [len(s.prompt_ids) - 1 for s in group])
+            shared = shared_start(group)
             parts = [list(range(len(rows)))] if shared > 0 else [[j] for j in range(len(rows))]
             place: list[tuple[int, int]] = [(0, 0)] * len(rows)
             for part in parts:
@@ -305,6 +305,14 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
         if any(row[k] != token for row in rows):
             return k
     return shortest
+
+
+def shared_start(samples: Sequence[ScoredSample]) -> int:
+    """The tokens :meth:`Policy.shared_prefix_logprobs` computes once for ``samples``: their rows'
+    common start, short of the shortest prompt's last token (so every sample keeps a token of its
+    prompt to predict its response's first token from)."""
+    rows = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
+    return max(0, min([common_prefix_length(rows)] + [len(s.prompt_ids) - 1 for s in samples]))
 
 
 def _pad(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> Scores:
