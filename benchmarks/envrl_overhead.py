@@ -10,8 +10,8 @@ experiments' settings), then times, on that same batch, alternately:
   ``aux_fraction`` 1.0, both weights on).
 
 Two action modes. ``--action-mode choose`` (the CPU experiments'): a step's RL sample is its
-prompt plus the short admissible actions, packed in one row, so the auxiliary rows (the state with
-the next observation, twice) are the larger part. ``--action-mode generate`` (the papers' setting):
+prompt plus the short admissible actions, packed in one row; ENVRL's default SP and ID rows continue
+that prompt, so they join the row and add their own tokens only (the next observation, twice). ``--action-mode generate`` (the papers' setting):
 the RL sample is the ``think-action`` prompt (which lists the admissible actions) plus a response
 ``<think>...</think><action>a</action>`` whose thought is ``--thought-tokens`` tokens long, the
 length a reasoning model's thought takes. A from-scratch model writes no parseable action, and
@@ -26,8 +26,7 @@ the largest resident set size sampled every 2 ms while it runs, less the size ju
 after freed memory is handed back to the OS (glibc's ``malloc_trim``;
 ``torch.cuda.max_memory_allocated`` on a GPU). Printed and written to ``--out``/results.json:
 the median time and peak of each, their ratios (ENVRL / GRPO), and the positions the auxiliary
-passes compute (:func:`aux_positions`: padded as one batch per micro-batch, in length groups, or
-with each transition's common start once).
+rows add (:func:`aux_positions`).
 
     .venv/bin/python benchmarks/envrl_overhead.py                 # small model (1.9M), ~3 min on 2 cores
     .venv/bin/python benchmarks/envrl_overhead.py --size tiny --repeats 3
@@ -131,29 +130,30 @@ def as_generated(policy: Any, steps: list[Any], thought_tokens: int) -> None:
         step.candidate_ids, step.choice = None, None
 
 
-def aux_positions(samples: list[Any], micro_batch_size: int) -> dict[str, int]:
-    """What the auxiliary forward passes compute, per micro-batch of ``samples`` in batch order (the
-    loop shuffles first, so its figure differs a little): the SP/ID rows' tokens; the positions
-    computed when each micro-batch's rows are padded to its longest row (one forward, the first
-    version) and in :func:`~envrl.agents.choose.length_buckets` groups (the second); and the
-    tokens left when each transition's rows share their common start (as now,
-    :meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`; packed rows of similar length
-    add some padding to it)."""
-    from envrl.agents.choose import length_buckets
-    from envrl.training.policy import shared_start
+def aux_positions(samples: list[Any]) -> dict[str, int]:
+    """What the auxiliary rows add to the forward passes: their tokens; the tokens left when each
+    transition's SP and ID rows share their common start
+    (:meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`, the previous version); and the
+    positions they add as ENVRL scores them (:meth:`~envrl.training.policy.Policy.logprobs_with_branches`):
+    a row that begins with its step's prompt joins the step's packed row and adds its tokens past
+    that prompt only, the others as in the second figure (packed rows of similar length add some
+    padding to each)."""
+    from envrl.training.policy import extends, shared_start
 
-    out = {"tokens": 0, "one_batch": 0, "length_groups": 0, "shared_prefix": 0}
-    for start in range(0, len(samples), micro_batch_size):
-        chunk = [s for s in samples[start : start + micro_batch_size] if s.aux]
-        rows = [[a.prompt_ids + a.response_ids for a in s.aux] for s in chunk]
-        lengths = [len(row) for group in rows for row in group]
-        if not lengths:
+    out = {"tokens": 0, "shared_prefix": 0, "added": 0}
+    for sample in samples:
+        step, rows = sample.step, sample.aux
+        if not rows:
             continue
+        lengths = [len(a.prompt_ids) + len(a.response_ids) for a in rows]
         out["tokens"] += sum(lengths)
-        out["one_batch"] += len(lengths) * max(lengths)
-        out["length_groups"] += sum(len(b) * max(lengths[i] for i in b) for b in length_buckets(lengths))
-        for sample, group in zip(chunk, rows):
-            out["shared_prefix"] += sum(len(row) for row in group) - (len(group) - 1) * shared_start(sample.aux)
+        out["shared_prefix"] += sum(lengths) - (len(rows) - 1) * shared_start(rows)
+        joined = [a for a in rows if extends(a, step)]
+        rest = [a for a in rows if not any(a is b for b in joined)]
+        out["added"] += sum(len(a.prompt_ids) + len(a.response_ids) - len(step.prompt_ids) for a in joined)
+        if rest:
+            out["added"] += sum(len(a.prompt_ids) + len(a.response_ids) for a in rest)
+            out["added"] -= (len(rest) - 1) * shared_start(rest)
     return out
 
 
@@ -235,7 +235,7 @@ def main() -> None:
         "aux_samples": sum(len(sample.aux) for sample in samples),
         "rl_units": int(batch.metrics.get("samples", len(steps))),
         "aux_tokens": batch.metrics.get("aux/tokens"),
-        "aux_positions": aux_positions(samples, config.optim.micro_batch_size),
+        "aux_positions": aux_positions(samples),
         "repeats": args.repeats,
     }
     for name, values in runs.items():
@@ -261,10 +261,9 @@ def main() -> None:
     memory = f"{result['memory_ratio']:.2f}" if result["memory_ratio"] is not None else "n/a"
     positions = result["aux_positions"]
     print(
-        f"SP/ID rows: {positions['tokens']} tokens; positions computed per micro-batch of "
-        f"{config.optim.micro_batch_size}: {positions['one_batch']} padded as one batch, "
-        f"{positions['length_groups']} in length groups, {positions['shared_prefix']} with each transition's "
-        "common start once"
+        f"RL rows: {round(result['mean_rl_tokens'] * len(steps))} tokens; SP/ID rows: {positions['tokens']} tokens, "
+        f"{positions['shared_prefix']} with each transition's common start once, {positions['added']} added to the "
+        "passes as scored (in the step's packed row where they continue its prompt)"
     )
     print(f"ENVRL / GRPO: time x{result['time_ratio']:.2f}, peak memory x{memory}")
 

@@ -109,6 +109,29 @@ def test_the_scorer_sees_the_inverse_dynamics_prompt_and_policy_responses():
     assert responses == ["<action>go north</action>", "<action>go south</action>"]
 
 
+def test_a_follow_up_template_continues_the_policys_own_prompt_at_the_state():
+    seen = []
+
+    def record(messages, responses):
+        seen.append(messages)
+        return [0.0] * len(responses)
+
+    history = (Turn(observation="first room", action="look"), Turn(observation="second room", action="go east"))
+    t = transition("go south", ["go north", "go south"], history=history, step=2)
+    template = load_world_model_template("follow-up-inverse-dynamics")
+    probes.inverse_dynamics_probe([t], template, POLICY_TEMPLATE, record, history=1, env_name="textworld")
+    policy_prompt = POLICY_TEMPLATE.build_messages(
+        "textworld", "find the key", "before go south", ["go north", "go south"], list(history[-1:]), 3
+    )
+    assert seen == [
+        [
+            *policy_prompt,
+            {"role": "assistant", "content": "<action>?</action>"},
+            {"role": "user", "content": "after go south\n\nWhich action is the '?'?"},
+        ]
+    ]
+
+
 # ---- state prediction --------------------------------------------------------------------------
 
 
@@ -152,6 +175,33 @@ def test_teacher_forced_hits_on_a_model_whose_predictions_are_known():
     ]
     for batch_size in (1, 2, 3):
         assert probes.teacher_forced_hits(NextToken(), samples, 15, batch_size=batch_size) == [3, 1, 1]
+
+
+def test_the_sp_probe_asks_a_follow_up_of_the_policys_prompt(tiny_checkpoint):
+    torch = pytest.importorskip("torch")
+    from envrl.training.config import PolicyConfig
+    from envrl.training.policy import Policy
+
+    policy = Policy(PolicyConfig(model=str(tiny_checkpoint), template="action", history=1, device="cpu"), "textworld")
+    template = load_world_model_template("follow-up-state-prediction")
+    transitions = HAND_MADE[:2]
+    accuracy, exact, truncated = probes.state_prediction_probe(policy, transitions, template, batch_size=2)
+    hits = total = 0
+    for t in transitions:
+        messages = POLICY_TEMPLATE.messages_at(
+            "textworld", t.instruction, t.observation, t.admissible_actions, t.history, 1
+        )
+        messages += [
+            {"role": "assistant", "content": POLICY_TEMPLATE.format_response(t.action)},
+            {"role": "user", "content": "What does the environment show next?"},
+        ]
+        prompt, target = policy.encode_prompt(messages), policy.encode_response(t.next_observation)
+        with torch.no_grad():
+            logits = policy.unwrapped(input_ids=torch.tensor([prompt + target])).logits[0]
+        predicted = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+        hits += sum(p == y for p, y in zip(predicted, target))
+        total += len(target)
+    assert accuracy == pytest.approx(hits / total) and (exact, truncated) == (0.0, 0)
 
 
 def test_teacher_forced_hits_of_the_tiny_model_match_a_direct_computation(tiny_checkpoint):

@@ -15,7 +15,7 @@ from envrl.agents.hf import HFBackend  # noqa: E402
 from envrl.training.algorithms import GRPOConfig, SFTConfig, algorithm_class  # noqa: E402
 from envrl.training.checkpoints import check_output  # noqa: E402
 from envrl.training.config import ConfigError, PolicyConfig, build_config  # noqa: E402
-from envrl.training.policy import Policy, common_prefix_length, scored_units, shared_start  # noqa: E402
+from envrl.training.policy import Policy, common_prefix_length, extends, scored_units, shared_start  # noqa: E402
 from envrl.training.rollout import StepSample  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "You play."}, {"role": "user", "content": "You see a door. Go?"}]
@@ -234,6 +234,51 @@ def test_rows_that_share_a_prefix_score_as_each_alone_with_its_gradient(tiny_che
     alone_grads = torch.autograd.grad(alone_loss, params)
     for a, b in zip(packed_grads, alone_grads):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_branches_that_continue_a_prompt_join_its_row_and_score_as_alone(tiny_checkpoint: Path) -> None:
+    """Rows that begin with a step's whole prompt are scored in the step's packed row (a
+    generated-mode step's response then one more candidate, at the rollout temperature, with its
+    entropies); any other row with its step's other rows; each step's units and entropies and each
+    row's tokens get the values and gradients they get scored alone."""
+    policy = Policy(
+        PolicyConfig(model=str(tiny_checkpoint), device="cpu", temperature=2.0, action_mode="choose"), "textworld"
+    )
+    prompt = policy.encode_prompt(MESSAGES)
+    candidates = [policy.encode_response(c) for c in CANDIDATES]
+    chosen = _sample(prompt, candidates[1], candidates, 1)
+    generated = _sample(prompt[:-2] + [40], policy.encode_response("<action>look</action>"))
+    follow = _sample(prompt + candidates[0] + [41, 42], policy.encode_response("You see a hall."))
+    at_end = _sample(prompt, policy.encode_response("<action>look</action>"))  # no context of its own
+    other = _sample([43] + prompt[1:], [44, 45])  # begins elsewhere
+    plain = _sample(prompt[:-1], policy.encode_response("<action>open door</action>"))  # no branch joins it
+    steps = [chosen, generated, plain]
+    branches = [
+        [follow, other, at_end],
+        [_sample(generated.prompt_ids + [46], [47, 48]), _sample([49, 50], [51])],
+        [_sample([52], [53])],
+    ]
+    assert [extends(b, chosen) for b in branches[0]] == [True, False, True]
+    scores, rows = policy.logprobs_with_branches(steps, branches)
+    alone = policy.logprobs(steps)
+    assert torch.allclose(scores.logprobs, alone.logprobs, atol=1e-5) and torch.equal(scores.mask, alone.mask)
+    assert torch.allclose(scores.entropy, alone.entropy, atol=1e-5)
+    flat = [b for row in branches for b in row]
+    values = [v for row in rows for v in row]
+    assert [len(v) for v in values] == [len(b.response_ids) for b in flat]
+    for sample, row in zip(flat, values):
+        single = policy.logprobs([sample], temperature=1.0).logprobs[0, : len(sample.response_ids)]
+        assert row.tolist() == pytest.approx(single.tolist(), abs=1e-5)
+    weights = [float(k + 2) for k in range(len(flat))]
+    params = [p for p in policy.unwrapped.parameters() if p.requires_grad]
+    joint = scores.logprobs.sum() + sum(w * v.sum() for w, v in zip(weights, values))
+    joint_grads = torch.autograd.grad(joint, params)
+    apart = policy.logprobs(steps).logprobs.sum()
+    apart = apart + sum(w * policy.logprobs([b], temperature=1.0).logprobs[0].sum() for w, b in zip(weights, flat))
+    for a, b in zip(joint_grads, torch.autograd.grad(apart, params)):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="3 samples need as many lists of branches, got 1"):
+        policy.logprobs_with_branches(steps, [[]])
 
 
 def test_temperature_divides_the_logits(tiny_checkpoint: Path) -> None:

@@ -27,6 +27,7 @@ from envrl.training.algorithms.iwm import policy_messages  # noqa: E402
 from envrl.training.config import ConfigError, PolicyConfig, build_config  # noqa: E402
 from envrl.training.data import collect_expert_data, to_dataset  # noqa: E402
 from envrl.training.dynamics import (  # noqa: E402
+    FollowUpTemplate,
     TargetSample,
     WorldModelTemplate,
     inverse_dynamics_sample,
@@ -214,6 +215,36 @@ def test_world_model_prompts_show_the_policys_window_of_the_state() -> None:
         WorldModelTemplate.from_dict(data)
     with pytest.raises(TemplateError, match="must show {action}"):
         WorldModelTemplate.from_dict({**data, "user": "{observation}"})
+
+
+def test_follow_up_prompts_continue_the_policys_messages_and_never_show_their_target() -> None:
+    policy_messages = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Task: T\n\nO"}]
+    sp = load_world_model_template("follow-up-state-prediction")
+    inverse = load_world_model_template("follow-up-inverse-dynamics")
+    assert isinstance(sp, FollowUpTemplate) and (sp.kind, inverse.kind) == ("state-prediction", "inverse-dynamics")
+    assert sp.state_prediction_messages(policy_messages, "<action>go east</action>") == [
+        *policy_messages,
+        {"role": "assistant", "content": "<action>go east</action>"},
+        {"role": "user", "content": "What does the environment show next?"},
+    ]
+    assert inverse.inverse_dynamics_messages(policy_messages, "You are in a hall.", "<action>?</action>")[2:] == [
+        {"role": "assistant", "content": "<action>?</action>"},
+        {"role": "user", "content": "You are in a hall.\n\nWhich action is the '?'?"},
+    ]
+    with pytest.raises(TemplateError, match="is a state-prediction template, not inverse-dynamics"):
+        sp.inverse_dynamics_messages(policy_messages, "P", "?")
+    with pytest.raises(TemplateError, match="continues the policy's prompt messages, and none were given"):
+        sp.state_prediction_messages([], "<action>go east</action>")
+    data = {"name": "x", "kind": "inverse-dynamics", "form": "follow-up", "assistant": "{hidden_response}"}
+    with pytest.raises(TemplateError, match="its assistant turn uses response, which a inverse-dynamics follow-up"):
+        FollowUpTemplate.from_dict({**data, "assistant": "{response}", "user": "{next_observation}"})
+    with pytest.raises(TemplateError, match="a inverse-dynamics follow-up's user turn must show {next_observation}"):
+        FollowUpTemplate.from_dict({**data, "user": "What followed?"})
+    leak = {"name": "y", "kind": "state-prediction", "form": "follow-up", "assistant": "{response}"}
+    with pytest.raises(TemplateError, match="its user turn uses next_observation, which a state-prediction"):
+        FollowUpTemplate.from_dict({**leak, "user": "It said {next_observation}. What next?"})
+    with pytest.raises(TemplateError, match="lacks user"):
+        FollowUpTemplate.from_dict(leak)
 
 
 def test_inverse_dynamics_targets_the_action_in_the_policys_response_format(tiny_checkpoint: Path) -> None:

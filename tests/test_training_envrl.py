@@ -9,6 +9,7 @@ known samples without playing an env; the tiny iterations play the real envs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -60,6 +61,7 @@ def _step(**fields: Any) -> StepSample:
         "step": 0,
         "task_id": "t",
         "instruction": "T",
+        "messages": [{"role": "user", "content": "T O"}],
     }
     return StepSample(**{**defaults, **fields})
 
@@ -101,6 +103,7 @@ def _episode(policy: Policy, trajectory: int, length: int, reward: float, mode: 
                 step=t,
                 instruction=INSTRUCTION,
                 history=list(shown),
+                messages=messages,
             )
         )
         turns.append(Turn(OBSERVATIONS[t], ACTIONS[t]))
@@ -162,9 +165,76 @@ def _token_mean(policy: Policy, samples: list[Any]) -> float:
 # ---- the auxiliary samples ---------------------------------------------------------------------
 
 
-def test_sp_scores_the_next_observation_and_id_the_action(tiny_checkpoint: Path) -> None:
+@pytest.mark.parametrize("mode", ["generate", "choose"])
+def test_sp_scores_the_next_observation_and_id_the_action(mode: str, tiny_checkpoint: Path) -> None:
     policy = _policy(tiny_checkpoint)
     envrl = ENVRL(ENVRLConfig(kl_coef=0.0))
+    messages = [
+        {"role": "system", "content": "Play the text game."},
+        {"role": "user", "content": "Task: Take the key.\n\nYou open the chest, revealing a key."},
+    ]
+    prompt = policy.encode_prompt(messages)
+    response = policy.encode_response("<action>take key from chest</action>")
+    candidates = [policy.encode_response(f"<action>{a}</action>") for a in ("close chest", "take key from chest")]
+    step = _step(
+        prompt_ids=prompt,
+        response_ids=response,
+        candidate_ids=candidates if mode == "choose" else None,
+        choice=1 if mode == "choose" else None,
+        old_logprobs=[-1.0] if mode == "choose" else [-1.0] * len(response),
+        messages=messages,
+        instruction="Take the key.",
+        observation="You open the chest, revealing a key.",
+        action="take key from chest",
+        next_observation="You take the key from the chest.",
+    )
+    sp, inverse = envrl.aux_samples(policy, step)
+    assert (sp.kind, inverse.kind) == ("state_prediction", "inverse_dynamics")
+    # the default (follow-up) prompts continue the policy's own conversation at s_t
+    sp_messages = [
+        *messages,
+        {"role": "assistant", "content": "<action>take key from chest</action>"},
+        {"role": "user", "content": "What does the environment show next?"},
+    ]
+    id_messages = [
+        *messages,
+        {"role": "assistant", "content": "<action>?</action>"},
+        {"role": "user", "content": "You take the key from the chest.\n\nWhich action is the '?'?"},
+    ]
+    assert sp.prompt_ids == policy.encode_prompt(sp_messages)
+    assert inverse.prompt_ids == policy.encode_prompt(id_messages)
+    assert sp.prompt_ids[: len(prompt)] == prompt and inverse.prompt_ids[: len(prompt)] == prompt
+    tokens = policy.tokenizer
+    next_tokens = tokens("You take the key from the chest.", add_special_tokens=False)["input_ids"]
+    action_tokens = tokens("<action>take key from chest</action>", add_special_tokens=False)["input_ids"]
+    assert sp.response_ids == next_tokens + [policy.end_id]
+    assert inverse.response_ids == action_tokens + [policy.end_id]
+    with torch.no_grad():
+        scores = policy.logprobs([sp, inverse], temperature=1.0)
+    assert scores.mask.sum(1).tolist() == [len(next_tokens) + 1, len(action_tokens) + 1]
+    # a prompt cut to the context (its start dropped) is continued as the policy saw it
+    cut = envrl.aux_samples(policy, dataclasses.replace(step, prompt_ids=prompt[4:]))
+    assert [a.prompt_ids for a in cut] == [a.prompt_ids[4:] for a in (sp, inverse)]
+    # the loss of a batch of this one transition: the RL term plus each weight times its token mean,
+    # SP and ID scored in the step's own packed row in choose mode
+    samples, metrics = envrl.attach(policy, [step], update=0, updates=4, seed=0, rank=0)
+    assert metrics["aux/transitions"] == 1 and metrics["aux/samples"] == 2
+    assert (metrics["weight/sp"], metrics["weight/id"]) == (0.01, 0.001)  # the defaults, from the sweep
+    trainer = SimpleNamespace(policy=policy)
+    with torch.no_grad():
+        loss, terms = envrl.compute_loss(trainer, samples)
+        rl, _ = envrl.base.compute_loss(trainer, [step])
+    assert terms["loss/sp"] == pytest.approx(_token_mean(policy, [sp]), rel=1e-5)  # float32, another summation order
+    assert terms["loss/id"] == pytest.approx(_token_mean(policy, [inverse]), rel=1e-5)
+    assert terms["loss/rl"] == pytest.approx(float(rl), abs=1e-6)
+    assert float(loss) == pytest.approx(float(rl) + 0.01 * terms["loss/sp"] + 0.001 * terms["loss/id"], abs=1e-6)
+
+
+def test_the_shared_start_pair_writes_the_state_identically(tiny_checkpoint: Path) -> None:
+    """The standalone pair envrl-state-prediction / envrl-inverse-dynamics (the defaults before the
+    follow-up pair) writes its own state text, the same in both rows, which share it token for token."""
+    policy = _policy(tiny_checkpoint)
+    envrl = ENVRL(ENVRLConfig(sp_template="envrl-state-prediction", id_template="envrl-inverse-dynamics"))
     step = _step(
         instruction="Take the key.",
         history=[Turn("-= Cellar =-\nA chest.", "look"), Turn("A closed chest.", "open chest")],
@@ -173,7 +243,6 @@ def test_sp_scores_the_next_observation_and_id_the_action(tiny_checkpoint: Path)
         next_observation="You take the key from the chest.",
     )
     sp, inverse = envrl.aux_samples(policy, step)
-    assert (sp.kind, inverse.kind) == ("state_prediction", "inverse_dynamics")
     system = "A text environment's transcript: each observation, then the action after '> '. Fill in what is missing."
     state = "Task: Take the key.\n\nA closed chest.\n> open chest\n\nYou open the chest, revealing a key.\n> "
     sp_user = state + "take key from chest\n\nWhat does the environment show next?"
@@ -184,29 +253,10 @@ def test_sp_scores_the_next_observation_and_id_the_action(tiny_checkpoint: Path)
     assert inverse.prompt_ids == policy.encode_prompt(
         [{"role": "system", "content": system}, {"role": "user", "content": id_user}]
     )
-    # the two rows share the system message and the state, token for token: computed once
     shared = policy.tokenizer.decode(sp.prompt_ids[: common_prefix_length([sp.prompt_ids, inverse.prompt_ids])])
     assert system in shared and shared.rstrip().endswith(state.rstrip())  # up to "> " (a BPE merge aside)
-    tokens = policy.tokenizer
-    next_tokens = tokens("You take the key from the chest.", add_special_tokens=False)["input_ids"]
-    action_tokens = tokens("<action>take key from chest</action>", add_special_tokens=False)["input_ids"]
-    assert sp.response_ids == next_tokens + [policy.end_id]
-    assert inverse.response_ids == action_tokens + [policy.end_id]
-    with torch.no_grad():
-        scores = policy.logprobs([sp, inverse], temperature=1.0)
-    assert scores.mask.sum(1).tolist() == [len(next_tokens) + 1, len(action_tokens) + 1]
-    # the loss of a batch of this one transition: the RL term plus each weight times its token mean
-    samples, metrics = envrl.attach(policy, [step], update=0, updates=4, seed=0, rank=0)
-    assert metrics["aux/transitions"] == 1 and metrics["aux/samples"] == 2
-    assert (metrics["weight/sp"], metrics["weight/id"]) == (0.01, 0.001)  # the defaults, from the sweep
-    trainer = SimpleNamespace(policy=policy)
-    with torch.no_grad():
-        loss, terms = envrl.compute_loss(trainer, samples)
-        rl, _ = envrl.base.compute_loss(trainer, [step])
-    assert terms["loss/sp"] == pytest.approx(_token_mean(policy, [sp]), rel=1e-5)  # float32, another summation order
-    assert terms["loss/id"] == pytest.approx(_token_mean(policy, [inverse]), rel=1e-5)
-    assert terms["loss/rl"] == float(rl)
-    assert float(loss) == pytest.approx(float(rl) + 0.01 * terms["loss/sp"] + 0.001 * terms["loss/id"], abs=1e-6)
+    assert sp.response_ids == policy.encode_response("You take the key from the chest.")
+    assert inverse.response_ids == policy.encode_response("<action>take key from chest</action>")
 
 
 def test_only_format_valid_steps_that_continue_are_transitions(tiny_checkpoint: Path) -> None:
@@ -290,9 +340,13 @@ def test_with_both_weights_zero_an_update_is_the_base_algorithms(
         envrl.close()
         plain.close()
     after, base_after = _parameters(envrl), _parameters(plain)
-    assert all(torch.equal(after[k], base_after[k]) for k in after)
     assert any(not torch.equal(after[k], start[k]) for k in after)  # the update did move the weights
-    assert {key: terms[key] for key in base_terms} == base_terms  # every term bit for bit, grad_norm too
+    # SP and ID ride in the steps' packed rows (longer rows, other length groups; in generate mode
+    # the response becomes a packed candidate): the same computation up to float rounding, which
+    # Adam's normalisation lifts to ~4e-6 on coordinates whose gradient is near 0, while the step
+    # moves weights by up to lr = 1e-3
+    assert all(torch.allclose(after[k], base_after[k], rtol=0, atol=2e-5) for k in after)
+    assert {key: terms[key] for key in base_terms} == pytest.approx(base_terms, rel=1e-5, abs=1e-7)
     assert terms["loss/rl"] == pytest.approx(terms["loss"], abs=1e-7)  # the loop logs loss through float32
     assert terms["loss/sp"] > 0 and terms["loss/id"] > 0  # the auxiliary terms were computed, weighted 0
 

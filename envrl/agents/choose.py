@@ -76,6 +76,8 @@ def score_candidate_sets(
     items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
     pad_id: int,
     score_from: Sequence[Sequence[int]] | None = None,
+    temperatures: Sequence[Sequence[float]] | None = None,
+    entropy: bool = False,
 ) -> list[Any]:
     """For each ``(prompt_ids, candidates)`` item, the ``[n, width]`` log-probabilities of its
     candidates' tokens given its prompt (0 past each candidate's end; ``width`` its longest).
@@ -86,6 +88,11 @@ def score_candidate_sets(
     that share the start of their prompt: the shared start is the prompt, and each row's own rest
     of the prompt is its candidate's context, its response the scored part.
 
+    ``temperatures`` (per item, per candidate; default all 1) divides a candidate's logits, and
+    ``entropy=True`` returns ``(grid, entropy grid)`` pairs, each scored token's entropy of the
+    distribution it was drawn from: a sampled response scored as one candidate among others
+    (ENVRL's rows beside a generate-mode step) gets what a policy-gradient loss needs.
+
     Runs ``model`` with gradients when the caller has them on (training), so wrap it in
     ``torch.inference_mode()`` to act.
     """
@@ -94,31 +101,44 @@ def score_candidate_sets(
     froms = [list(f) for f in score_from] if score_from is not None else [[0] * len(c) for _, c in items]
     if len(froms) != len(items) or any(len(f) != len(c) for f, (_, c) in zip(froms, items)):
         raise ValueError("score_from needs one start per candidate of every item")
+    temps = [list(t) for t in temperatures] if temperatures is not None else [[1.0] * len(c) for _, c in items]
+    if len(temps) != len(items) or any(len(t) != len(c) for t, (_, c) in zip(temps, items)):
+        raise ValueError("temperatures needs one value per candidate of every item")
     for (prompt, candidates), starts in zip(items, froms):
         if not prompt or not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("scoring needs a prompt and at least one candidate, each of at least one token")
         if any(not 0 <= f < len(c) for f, c in zip(starts, candidates)):
             raise ValueError("a candidate's first scored token must lie within it")
     device = next(model.parameters()).device
-    rows = [  # (item, first candidate's index, the candidates of the row, where each one's scored part starts)
-        (k, start, candidates[start : start + CANDIDATE_CHUNK], froms[k][start : start + CANDIDATE_CHUNK])
+    rows = [  # (item, first candidate's index, the candidates of the row, their scored parts' starts, temperatures)
+        (
+            k,
+            start,
+            candidates[start : start + CANDIDATE_CHUNK],
+            froms[k][start : start + CANDIDATE_CHUNK],
+            temps[k][start : start + CANDIDATE_CHUNK],
+        )
         for k, (_, candidates) in enumerate(items)
         for start in range(0, len(candidates), CANDIDATE_CHUNK)
     ]
-    lengths = [len(items[k][0]) + sum(len(c) for c in chunk) for k, _, chunk, _ in rows]
-    # per item: the flat token log-probs of its candidates in order, gathered from every row
+    lengths = [len(items[row[0]][0]) + sum(len(c) for c in row[2]) for row in rows]
+    # per item: the flat token log-probs (and entropies) of its candidates in order, gathered from every row
     flat: list[list[Any]] = [[] for _ in items]
     for batch in _forward_batches(lengths):
-        for row, values in zip(batch, _score_rows(model, items, [rows[b] for b in batch], pad_id, device)):
+        scored_rows = _score_rows(model, items, [rows[b] for b in batch], pad_id, device, entropy)
+        for row, values in zip(batch, scored_rows):
             flat[rows[row][0]].append((rows[row][1], values))
     out = []
     for (_, candidates), starts, parts in zip(items, froms, flat):
-        values = torch.cat([v for _, v in sorted(parts, key=lambda part: part[0])])
+        ordered = [v for _, v in sorted(parts, key=lambda part: part[0])]
         scored = [len(c) - f for c, f in zip(candidates, starts)]
         row_index = torch.tensor([i for i, n in enumerate(scored) for _ in range(n)], device=device)
         column = torch.tensor([j for n in scored for j in range(n)], device=device)
-        grid = torch.zeros((len(candidates), max(scored)), dtype=torch.float32, device=device)
-        out.append(grid.index_put((row_index, column), values))
+        grids = []
+        for part in range(2 if entropy else 1):
+            grid = torch.zeros((len(candidates), max(scored)), dtype=torch.float32, device=device)
+            grids.append(grid.index_put((row_index, column), torch.cat([v[part] for v in ordered])))
+        out.append(tuple(grids) if entropy else grids[0])
     return out
 
 
@@ -140,42 +160,51 @@ def _forward_batches(lengths: Sequence[int]) -> list[list[int]]:
 def _score_rows(
     model: Any,
     items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]],
-    rows: Sequence[tuple[int, int, Sequence[Sequence[int]], Sequence[int]]],
+    rows: Sequence[tuple[int, int, Sequence[Sequence[int]], Sequence[int], Sequence[float]]],
     pad_id: int,
     device: Any,
-) -> list[Any]:
+    entropy: bool = False,
+) -> list[tuple[Any, ...]]:
     """One forward over packed rows (see the module docstring); per row, its candidates' scored
-    token log-probs, flat, candidate after candidate.
+    token log-probs, flat, candidate after candidate (and their entropies, with ``entropy``).
 
-    A row is laid out as the prompt, then every candidate's context but its last token (its
-    "head"), then every candidate's rest (its "tail": the context's last token and the scored
-    tokens), so that every position whose logits are needed sits in the row's last columns and
-    the model computes logits for those only. Positions and the mask make each candidate see the
-    prompt and its own earlier tokens only, as if it followed the prompt alone.
+    A row is laid out as the prompt but its last token, then every candidate's context but its
+    last token (its "head"), then the prompt's last token, then every candidate's rest (its
+    "tail": the context's last token and the scored tokens), so that every position whose logits
+    are needed sits in the row's last columns and the model computes logits for those only. The
+    order in the row is free: positions say where each token stands, and the mask lets a token see
+    the prompt's tokens and its own candidate's at earlier positions only, so each candidate is
+    scored as if it followed the prompt alone.
     """
     import torch
 
-    packed, positions, owners, predictors_in_row, targets_in_row = [], [], [], [], []
-    for k, _, chunk, starts in rows:
+    packed, positions, owners, predictors_in_row, targets_in_row, temps_in_row = [], [], [], [], [], []
+    for k, _, chunk, starts, temps in rows:
         prompt = list(items[k][0])
         cuts = [max(f - 1, 0) for f in starts]  # where each candidate's tail begins
-        ids, pos, owner = list(prompt), list(range(len(prompt))), [-1] * len(prompt)
+        ids, pos, owner = prompt[:-1], list(range(len(prompt) - 1)), [-1] * (len(prompt) - 1)
         for j, (tokens, cut) in enumerate(zip(chunk, cuts)):  # the heads
             ids += tokens[:cut]
             pos += range(len(prompt), len(prompt) + cut)
             owner += [j] * cut
+        last = len(ids)  # the prompt's last token: it predicts every candidate's first token
+        ids.append(prompt[-1])
+        pos.append(len(prompt) - 1)
+        owner.append(-1)
         where: list[int] = []  # per candidate, the row index of its tail's first token
         for j, (tokens, cut) in enumerate(zip(chunk, cuts)):  # the tails
             where.append(len(ids))
             ids += tokens[cut:]
             pos += range(len(prompt) + cut, len(prompt) + len(tokens))
             owner += [j] * (len(tokens) - cut)
-        predictors, targets = [], []
-        for tokens, f, cut, first in zip(chunk, starts, cuts, where):
+        predictors, targets, token_temps = [], [], []
+        for tokens, f, cut, first, temperature in zip(chunk, starts, cuts, where, temps):
             for t in range(f, len(tokens)):
                 # token t is predicted at token t - 1's position (in the tail), token 0 at the prompt's last
-                predictors.append(first + t - 1 - cut if t > 0 else len(prompt) - 1)
+                predictors.append(first + t - 1 - cut if t > 0 else last)
                 targets.append(tokens[t])
+                token_temps.append(float(temperature))
+        temps_in_row.append(token_temps)
         packed.append(ids)
         positions.append(pos)
         owners.append(owner)
@@ -194,8 +223,8 @@ def _score_rows(
         pos_t[row, width - length :] = torch.tensor(positions[row])
         owner_t[row, width - length :] = torch.tensor(owners[row])
     query, key = owner_t.unsqueeze(2), owner_t.unsqueeze(1)
-    causal = torch.ones((width, width), dtype=torch.bool).tril()
-    allowed = causal & (key != -2) & ((key == -1) | (key == query))
+    earlier = pos_t.unsqueeze(1) <= pos_t.unsqueeze(2)  # [row, query, key]: the key stands at or before the query
+    allowed = earlier & (key != -2) & ((key == -1) | (key == query))
     allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: no row is all masked
     mask = torch.zeros((n, 1, width, width), dtype=torch.float32)
     mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(torch.float32).min)
@@ -209,11 +238,17 @@ def _score_rows(
     # row index x of a row of length L is column keep - L + x of ``logits``
     rows_index = [row for row, p in enumerate(predictors_in_row) for _ in p]
     columns = [keep - len(ids) + x for ids, p in zip(packed, predictors_in_row) for x in p]
-    selected = logits[torch.tensor(rows_index, device=device), torch.tensor(columns, device=device)]
-    token_logprobs = torch.log_softmax(selected.float(), dim=-1)
+    selected = logits[torch.tensor(rows_index, device=device), torch.tensor(columns, device=device)].float()
+    flat_temps = [t for row in temps_in_row for t in row]
+    if any(t != 1.0 for t in flat_temps):
+        selected = selected / torch.tensor(flat_temps, device=device).unsqueeze(-1)
+    log_probs = torch.log_softmax(selected, dim=-1)
     target_ids = torch.tensor([t for row in targets_in_row for t in row], device=device)
-    token_logprobs = token_logprobs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
-    return list(torch.split(token_logprobs, [len(p) for p in predictors_in_row]))
+    sizes = [len(p) for p in predictors_in_row]
+    parts = [torch.split(log_probs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1), sizes)]
+    if entropy:
+        parts.append(torch.split(-(log_probs.exp() * log_probs).sum(-1), sizes))
+    return list(zip(*parts))
 
 
 def candidate_scores(token_logprobs: Any, candidates: Sequence[Sequence[int]], score: str = "sum") -> Any:

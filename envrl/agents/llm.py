@@ -132,6 +132,8 @@ class LLMAgent:
         self.step_info: dict[str, Any] | None = None
         #: the latest response with its token ids and log-probs (what a trainer learns from)
         self.last_generation: Generation | None = None
+        #: the prompt messages of the latest turn (ENVRL's follow-up prompts continue them)
+        self.last_messages: list[Message] = []
         self.conversation = Conversation(self.template, env_name, options.history)
         self._seed: int | None = None
         #: whether close() releases the back end (siblings, and a trainer's agents, leave it to its owner)
@@ -145,6 +147,7 @@ class LLMAgent:
         self._seed = seed
         self.step_info = None
         self.last_generation = None
+        self.last_messages = []
         self.stats = {
             "responses": 0,
             "format_invalid": 0,
@@ -193,7 +196,8 @@ class LLMAgent:
     # ---- one turn, in two halves (so that many agents can share one generate call) ---
 
     def prepare(self, observation: str, info: Mapping[str, Any]) -> list[Message]:
-        return self.conversation.messages(observation, info)
+        self.last_messages = self.conversation.messages(observation, info)
+        return self.last_messages
 
     def complete(self, observation: str, generation: Generation) -> str:
         self.last_generation = generation

@@ -193,6 +193,22 @@ class PromptTemplate:
         )
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
+    def messages_at(
+        self,
+        env_name: str,
+        instruction: str,
+        observation: str,
+        admissible_actions: Sequence[str],
+        turns: Sequence[Turn],
+        window: int,
+    ) -> list[Message]:
+        """The messages a :class:`Conversation` with a ``window``-turn history builds at the state
+        that follows ``turns`` (all the episode's earlier turns, oldest first): the last ``window``
+        of them shown, turn number ``len(turns) + 1``. Recorded transitions rebuild the policy's
+        prompt with it."""
+        shown = list(turns[-window:]) if window > 0 else []
+        return self.build_messages(env_name, instruction, observation, admissible_actions, shown, len(turns) + 1)
+
     def _history(self, history: Sequence[Turn], turn: int) -> str:
         if not history:
             return ""

@@ -27,6 +27,28 @@ models have 512 positions.
 Fields: ``user`` takes ``{instruction}``, ``{history}``, ``{observation}`` and ``{action}``
 (state prediction) or ``{next_observation}`` (inverse dynamics), and must use the latter;
 ``history_turn`` takes ``{observation}`` and ``{action}``. Literal braces are ``{{`` and ``}}``.
+
+Follow-up templates
+    A template with ``"form": "follow-up"`` (:class:`FollowUpTemplate`) writes no state of its
+    own: it continues the policy's own conversation at ``s_t`` (its prompt messages, as the
+    rollout recorded them) with two more turns, an ``assistant`` turn that closes the policy's
+    turn and a ``user`` turn, and the target is the assistant's answer to it:
+
+    * state prediction: the assistant turn gives the action taken (``{response}``, the action
+      in the policy template's response format), the user turn asks what follows, the target
+      is ``s_{t+1}``;
+    * inverse dynamics: the assistant turn hides the action (``{hidden_response}``, the response
+      format with ``?`` for the action), the user turn shows ``{next_observation}`` and asks
+      which action it was, the target is the response that gives ``a_t``.
+
+    So both rows begin with the policy's prompt token for token (the tokens after it are
+    appended to the prompt the policy saw, cut or not; :func:`follow_up_prompt_ids`), and
+    ENVRL scores them as two more branches of the step's own packed row: ``s_t`` costs nothing
+    more than the policy already spends on it. ENVRL's defaults are the pair
+    ``follow-up-state-prediction`` and ``follow-up-inverse-dynamics``. ``assistant`` takes
+    ``{response}`` (state prediction, which must use it) or ``{hidden_response}`` (inverse
+    dynamics, which must not show the response); ``user`` takes ``{next_observation}``
+    (inverse dynamics, which must use it; a state-prediction user turn must not show its target).
 """
 
 from __future__ import annotations
@@ -48,6 +70,8 @@ BUILTIN_WORLD_MODEL_TEMPLATES = {
     "inverse-dynamics": "inverse_dynamics.json",
     "envrl-state-prediction": "envrl_state_prediction.json",
     "envrl-inverse-dynamics": "envrl_inverse_dynamics.json",
+    "follow-up-state-prediction": "follow_up_state_prediction.json",
+    "follow-up-inverse-dynamics": "follow_up_inverse_dynamics.json",
 }
 
 #: the fields ``user`` may use, per kind; the last one is the one it must use
@@ -161,6 +185,100 @@ class WorldModelTemplate:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
 
+#: the fields a follow-up template's turns may use, per kind and turn; the kind's required ones
+_FOLLOW_UP_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "state-prediction": {"assistant": ("response",), "user": ()},
+    "inverse-dynamics": {"assistant": ("hidden_response",), "user": ("next_observation",)},
+}
+_FOLLOW_UP_REQUIRED = {"state-prediction": ("assistant", "response"), "inverse-dynamics": ("user", "next_observation")}
+_FOLLOW_UP_KEYS = ("name", "kind", "form", "assistant", "user")
+#: the action a follow-up's ``{hidden_response}`` shows in the response format
+HIDDEN_ACTION = "?"
+
+
+@dataclass(frozen=True)
+class FollowUpTemplate:
+    """A world-model prompt that continues the policy's conversation (see "Follow-up templates"
+    in the module docstring)."""
+
+    name: str
+    kind: str
+    assistant: str
+    user: str
+    description: str = ""
+    source: str = field(default="", compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> FollowUpTemplate:
+        missing = [key for key in _FOLLOW_UP_KEYS if key not in data]
+        if missing:
+            raise TemplateError(f"follow-up template {source!r} lacks {', '.join(missing)}")
+        unknown = sorted(set(data) - {*_FOLLOW_UP_KEYS, "description"})
+        if unknown:
+            raise TemplateError(f"follow-up template {source!r} has unknown keys: {', '.join(unknown)}")
+        if data["kind"] not in _FOLLOW_UP_FIELDS:
+            raise TemplateError(
+                f"follow-up template {source!r}: kind must be {' or '.join(_FOLLOW_UP_FIELDS)}, got {data['kind']!r}"
+            )
+        keys = ("name", "kind", "assistant", "user", "description")
+        template = cls(**{key: data[key] for key in keys if key in data}, source=source)
+        template._check()
+        return template
+
+    def _check(self) -> None:
+        """Every field known, the kind's required one used, the target never shown."""
+        for turn, allowed in _FOLLOW_UP_FIELDS[self.kind].items():
+            text = getattr(self, turn)
+            try:
+                used = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+            except ValueError as exc:
+                raise TemplateError(f"follow-up template {self.name!r}: {turn} is malformed ({exc})") from exc
+            unknown = sorted(used - set(allowed))
+            if unknown:
+                raise TemplateError(
+                    f"follow-up template {self.name!r}: its {turn} turn uses {', '.join(unknown)}, which a "
+                    f"{self.kind} follow-up may not show (allowed: {', '.join(allowed) or 'none'})"
+                )
+        turn, name = _FOLLOW_UP_REQUIRED[self.kind]
+        if "{" + name + "}" not in getattr(self, turn):
+            raise TemplateError(
+                f"follow-up template {self.name!r}: a {self.kind} follow-up's {turn} turn must show {{{name}}}"
+            )
+
+    def state_prediction_messages(self, state_messages: Sequence[Message], response: str) -> list[Message]:
+        """The prompt of ``-log p(s' | s, a)``: the policy's messages at ``s``, its turn closed with
+        ``response`` (the action in its response format), then the user turn."""
+        self._require("state-prediction")
+        return self._messages(state_messages, self.assistant.format(response=response), self.user.format())
+
+    def inverse_dynamics_messages(
+        self, state_messages: Sequence[Message], next_observation: str, hidden_response: str
+    ) -> list[Message]:
+        """The prompt of ``-log p(a | s, s')``: the policy's messages at ``s``, its turn closed
+        with ``hidden_response`` (the action hidden), then the user turn showing ``s'``."""
+        self._require("inverse-dynamics")
+        user = self.user.format(next_observation=clip_observation(str(next_observation)))
+        return self._messages(state_messages, self.assistant.format(hidden_response=hidden_response), user)
+
+    def _require(self, kind: str) -> None:
+        if self.kind != kind:
+            raise TemplateError(f"follow-up template {self.name!r} is a {self.kind} template, not {kind}")
+
+    @staticmethod
+    def _messages(state_messages: Sequence[Message], assistant: str, user: str) -> list[Message]:
+        if not state_messages:
+            raise TemplateError("a follow-up template continues the policy's prompt messages, and none were given")
+        return [
+            *(dict(m) for m in state_messages),
+            {"role": "assistant", "content": assistant},
+            {"role": "user", "content": user},
+        ]
+
+
+#: either form of world-model template
+AnyWorldModelTemplate = WorldModelTemplate | FollowUpTemplate
+
+
 _TURN_FIELDS = ("observation", "action")
 
 
@@ -170,8 +288,9 @@ def _turn_fields(turn: HistoryTurn) -> tuple[str, str]:
     return str(turn["observation"]), str(turn["action"])
 
 
-def load_world_model_template(name_or_path: str | Path = "world-model") -> WorldModelTemplate:
-    """A built-in world-model template by name (:data:`BUILTIN_WORLD_MODEL_TEMPLATES`) or a JSON file by path."""
+def load_world_model_template(name_or_path: str | Path = "world-model") -> AnyWorldModelTemplate:
+    """A built-in world-model template by name (:data:`BUILTIN_WORLD_MODEL_TEMPLATES`) or a JSON
+    file by path: a :class:`FollowUpTemplate` when its ``form`` is ``follow-up``."""
     name = str(name_or_path)
     if name in BUILTIN_WORLD_MODEL_TEMPLATES:
         file = resources.files("envrl.training").joinpath("templates").joinpath(BUILTIN_WORLD_MODEL_TEMPLATES[name])
@@ -190,6 +309,8 @@ def load_world_model_template(name_or_path: str | Path = "world-model") -> World
         raise TemplateError(f"world-model template {source} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise TemplateError(f"world-model template {source} must be a JSON object")
+    if data.get("form") == "follow-up":
+        return FollowUpTemplate.from_dict(data, source=source)
     return WorldModelTemplate.from_dict(data, source=source)
 
 
@@ -210,36 +331,109 @@ class TargetSample:
     choice: int | None = None
 
 
+def follow_up_prompt_ids(
+    policy: Any, state_messages: Sequence[Message], state_ids: Sequence[int] | None, messages: Sequence[Message]
+) -> list[int]:
+    """A follow-up prompt's tokens: ``state_ids`` (the prompt the policy saw at ``s``, cut to its
+    context or not) followed by the tokens ``messages`` add to ``state_messages``, so the row
+    begins with the policy's prompt token for token. Without ``state_ids``, or under a chat
+    template that renders earlier turns differently once more follow (then the row shares
+    nothing with the policy's and is scored on its own), the encoding of ``messages``."""
+    full = policy.encode_prompt(messages)
+    if state_ids is None:
+        return full
+    base = policy.encode_prompt(state_messages)
+    if full[: len(base)] != base:
+        return full
+    return list(state_ids) + full[len(base) :]
+
+
+def state_prediction_messages(
+    template: AnyWorldModelTemplate,
+    response_template: Any,
+    history: int | None,
+    instruction: str,
+    history_turns: Sequence[HistoryTurn],
+    observation: str,
+    action: str,
+    state_messages: Sequence[Message] = (),
+) -> list[Message]:
+    """The prompt of ``-log p(s' | s, action)`` in either form: a follow-up of ``state_messages``
+    (the policy's prompt at ``s``; ``response_template`` writes the action as the policy would)
+    or the template's own state text (the last ``history`` turns)."""
+    if isinstance(template, FollowUpTemplate):
+        return template.state_prediction_messages(state_messages, response_template.format_response(str(action)))
+    return template.state_prediction_messages(instruction, history_turns, observation, action, history=history)
+
+
+def inverse_dynamics_messages(
+    template: AnyWorldModelTemplate,
+    response_template: Any,
+    history: int | None,
+    instruction: str,
+    history_turns: Sequence[HistoryTurn],
+    observation: str,
+    next_observation: str,
+    state_messages: Sequence[Message] = (),
+) -> list[Message]:
+    """The prompt of ``-log p(a | s, next_observation)`` in either form (as :func:`state_prediction_messages`)."""
+    if isinstance(template, FollowUpTemplate):
+        hidden = response_template.format_response(HIDDEN_ACTION)
+        return template.inverse_dynamics_messages(state_messages, next_observation, hidden)
+    return template.inverse_dynamics_messages(
+        instruction, history_turns, observation, next_observation, history=history
+    )
+
+
 def state_prediction_sample(
     policy: Any,
-    template: WorldModelTemplate,
+    template: AnyWorldModelTemplate,
     instruction: str,
     history_turns: Sequence[HistoryTurn],
     observation: str,
     action: str,
     next_observation: str,
+    *,
+    state_messages: Sequence[Message] = (),
+    state_ids: Sequence[int] | None = None,
 ) -> TargetSample:
-    """``-log p(next_observation | s, action)`` on ``policy``'s tokenizer, with its history window."""
-    messages = template.state_prediction_messages(
-        instruction, history_turns, observation, action, history=policy.config.history
-    )
-    return TargetSample(
-        policy.encode_prompt(messages), policy.encode_response(str(next_observation)), "state_prediction"
-    )
+    """``-log p(next_observation | s, action)`` on ``policy``'s tokenizer, with its history window;
+    a follow-up template continues ``state_messages`` (the policy's prompt at ``s``, whose tokens
+    were ``state_ids``)."""
+    state = (instruction, history_turns, observation, action)
+    messages = state_prediction_messages(template, policy.template, policy.config.history, *state, state_messages)
+    prompt = _prompt_ids(policy, template, messages, state_messages, state_ids)
+    return TargetSample(prompt, policy.encode_response(str(next_observation)), "state_prediction")
 
 
 def inverse_dynamics_sample(
     policy: Any,
-    template: WorldModelTemplate,
+    template: AnyWorldModelTemplate,
     instruction: str,
     history_turns: Sequence[HistoryTurn],
     observation: str,
     next_observation: str,
     action: str,
+    *,
+    state_messages: Sequence[Message] = (),
+    state_ids: Sequence[int] | None = None,
 ) -> TargetSample:
-    """``-log p(action | s, next_observation)``, the action in the policy template's response format."""
-    messages = template.inverse_dynamics_messages(
-        instruction, history_turns, observation, next_observation, history=policy.config.history
-    )
+    """``-log p(action | s, next_observation)``, the action in the policy template's response
+    format; a follow-up template continues ``state_messages`` as for state prediction."""
+    state = (instruction, history_turns, observation, next_observation)
+    messages = inverse_dynamics_messages(template, policy.template, policy.config.history, *state, state_messages)
+    prompt = _prompt_ids(policy, template, messages, state_messages, state_ids)
     response = policy.encode_response(policy.template.format_response(str(action)))
-    return TargetSample(policy.encode_prompt(messages), response, "inverse_dynamics")
+    return TargetSample(prompt, response, "inverse_dynamics")
+
+
+def _prompt_ids(
+    policy: Any,
+    template: AnyWorldModelTemplate,
+    messages: Sequence[Message],
+    state_messages: Sequence[Message],
+    state_ids: Sequence[int] | None,
+) -> list[int]:
+    if isinstance(template, FollowUpTemplate):
+        return follow_up_prompt_ids(policy, state_messages, state_ids, messages)
+    return policy.encode_prompt(messages)

@@ -139,18 +139,61 @@ class Policy:
     def logprobs(self, samples: Sequence[ScoredSample], model: Any = None, temperature: float | None = None) -> Scores:
         """The scored units of ``samples`` under ``model`` (default: the trained model), with
         gradients; ``temperature`` defaults to the rollouts' (SFT passes 1)."""
+        return self._scores(samples, [[] for _ in samples], model, temperature)[0]
+
+    def logprobs_with_branches(
+        self, samples: Sequence[ScoredSample], branches: Sequence[Sequence[ScoredSample]]
+    ) -> tuple[Scores, list[list[torch.Tensor]]]:
+        """:meth:`logprobs` of ``samples`` (trained model, rollout temperature) and, per sample,
+        the response tokens' log-probs (temperature 1, with gradients) of its ``branches``:
+        generated-mode rows scored beside it (ENVRL's SP and ID rows of the step's transition).
+
+        A branch whose prompt begins with its sample's whole prompt is scored in that sample's
+        packed row (:func:`~envrl.agents.choose.score_candidate_sets`): one more candidate after
+        the prompt, its rest of the prompt context and its response scored, so the prompt, which
+        the sample needs anyway, costs nothing more (a generate-mode sample's response is then a
+        candidate too, at the rollout temperature, with its entropies). Every other branch goes
+        through :meth:`shared_prefix_logprobs`, the branches of one sample as one group. Either
+        way each token is scored exactly as it would be alone, up to float rounding.
+        """
+        if len(branches) != len(samples):
+            raise ValueError(f"{len(samples)} samples need as many lists of branches, got {len(branches)}")
+        return self._scores(samples, branches, None, None)
+
+    def _scores(
+        self,
+        samples: Sequence[ScoredSample],
+        branches: Sequence[Sequence[ScoredSample]],
+        model: Any,
+        temperature: float | None,
+    ) -> tuple[Scores, list[list[torch.Tensor]]]:
         model = self.model if model is None else model
         temperature = self._temperature() if temperature is None else temperature
         rows: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(samples)  # type: ignore[list-item]
-        generated = [i for i, s in enumerate(samples) if s.candidate_ids is None]
-        if generated:
-            for i, row in zip(generated, self._response_logprobs(model, [samples[i] for i in generated], temperature)):
+        out: list[list[torch.Tensor]] = [[None] * len(row) for row in branches]  # type: ignore[list-item]
+        # per sample, the branches its packed row takes
+        joined = [[j for j, b in enumerate(row) if extends(b, s)] for s, row in zip(samples, branches)]
+        # a generated-mode sample is packed only when branches join it; alone it is a plain row
+        plain = [i for i, s in enumerate(samples) if s.candidate_ids is None and not joined[i]]
+        if plain:
+            for i, row in zip(plain, self._response_logprobs(model, [samples[i] for i in plain], temperature)):
                 rows[i] = row
-        chosen = [i for i, s in enumerate(samples) if s.candidate_ids is not None]
-        if chosen:
-            for i, row in zip(chosen, self._choice_logprobs(model, [samples[i] for i in chosen], temperature)):
+        packed = [i for i in range(len(samples)) if i not in set(plain)]
+        if packed:
+            joined_rows = [[branches[i][j] for j in joined[i]] for i in packed]
+            results = self._packed_logprobs(model, [samples[i] for i in packed], temperature, joined_rows)
+            for i, (row, extra) in zip(packed, results):
                 rows[i] = row
-        return _pad(rows, self.device)
+                for j, values in zip(joined[i], extra):
+                    out[i][j] = values
+        rest = [[j for j in range(len(row)) if j not in joined[i]] for i, row in enumerate(branches)]
+        owners = [i for i, js in enumerate(rest) if js]
+        if owners:
+            groups = self.shared_prefix_logprobs([[branches[i][j] for j in rest[i]] for i in owners])
+            for i, group in zip(owners, groups):
+                for j, values in zip(rest[i], group):
+                    out[i][j] = values
+        return _pad(rows, self.device), out
 
     def shared_prefix_logprobs(self, groups: Sequence[Sequence[ScoredSample]]) -> list[list[torch.Tensor]]:
         """Per group, per sample, the response tokens' log-probs (temperature 1, with gradients)
@@ -247,19 +290,44 @@ class Policy:
             out.append((token_logprobs, entropy))
         return out
 
-    def _choice_logprobs(
-        self, model: Any, samples: Sequence[ScoredSample], temperature: float
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each choose-mode sample's one unit, ``log pi(choice | s)``, and the entropy of ``pi(. | s)``;
-        all samples' candidates scored together (:func:`~envrl.agents.choose.score_candidate_sets`)."""
-        items = [(s.prompt_ids, s.candidate_ids or []) for s in samples]
+    def _packed_logprobs(
+        self,
+        model: Any,
+        samples: Sequence[ScoredSample],
+        temperature: float,
+        branches: Sequence[Sequence[ScoredSample]],
+    ) -> list[tuple[tuple[torch.Tensor, torch.Tensor], list[torch.Tensor]]]:
+        """Samples scored as packed rows (:func:`~envrl.agents.choose.score_candidate_sets`), each
+        its prompt, then its candidates (choose mode) or its response (generate mode), then its
+        ``branches`` (rows that begin with its prompt) as more candidates. Per sample, its units
+        and their entropies as :meth:`logprobs` gives them: ``log pi(choice | s)`` and the entropy
+        of ``pi(. | s)``, or each response token's log-prob at ``temperature`` and its entropy;
+        and its branches' response log-probs (temperature 1)."""
+        items, froms, temps = [], [], []
+        for s, extra in zip(samples, branches):
+            start = len(s.prompt_ids)
+            own = list(s.candidate_ids) if s.candidate_ids is not None else [list(s.response_ids)]
+            items.append((s.prompt_ids, own + [list(b.prompt_ids[start:]) + list(b.response_ids) for b in extra]))
+            froms.append([0] * len(own) + [len(b.prompt_ids) - start for b in extra])
+            # choose mode applies the temperature to the candidates' summed scores, not to their tokens
+            temps.append([1.0 if s.candidate_ids is not None else temperature] * len(own) + [1.0] * len(extra))
         out = []
-        for sample, token_logprobs in zip(samples, score_candidate_sets(model, items, self.backend.pad_id)):
-            assert sample.candidate_ids is not None and sample.choice is not None
-            scores = candidate_scores(token_logprobs, sample.candidate_ids, self.config.choose_score)
+        entropy = any(s.candidate_ids is None for s in samples)  # token entropies: generate mode's only
+        scored = score_candidate_sets(model, items, self.backend.pad_id, froms, temps, entropy=entropy)
+        for sample, extra, result in zip(samples, branches, scored):
+            grid, entropies = result if entropy else (result, None)
+            count = len(sample.candidate_ids) if sample.candidate_ids is not None else 1
+            responses = [grid[count + j, : len(b.response_ids)] for j, b in enumerate(extra)]
+            if sample.candidate_ids is None:
+                assert entropies is not None
+                size = len(sample.response_ids)
+                out.append(((grid[0, :size], entropies[0, :size]), responses))
+                continue
+            assert sample.choice is not None
+            scores = candidate_scores(grid[:count], sample.candidate_ids, self.config.choose_score)
             log_probs = choice_distribution(scores, temperature)
-            entropy = -(log_probs.exp() * log_probs).sum()
-            out.append((log_probs[sample.choice].reshape(1), entropy.reshape(1)))
+            choice_entropy = -(log_probs.exp() * log_probs).sum()
+            out.append(((log_probs[sample.choice].reshape(1), choice_entropy.reshape(1)), responses))
         return out
 
     def _temperature(self) -> float:
@@ -293,6 +361,12 @@ class Policy:
         """Switch train/eval mode (no dropout while acting); returns a no-op context for ``with``."""
         self.unwrapped.train(training)
         return nullcontext()
+
+
+def extends(branch: ScoredSample, sample: ScoredSample) -> bool:
+    """Whether ``branch``'s prompt begins with all of ``sample``'s (it can share its packed row)."""
+    start = len(sample.prompt_ids)
+    return len(branch.prompt_ids) >= start and list(branch.prompt_ids[:start]) == list(sample.prompt_ids)
 
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from envrl.agents.generation import Message
     from envrl.agents.prompts import PromptTemplate, Turn
     from envrl.evaluation.store import ProbeRecord
-    from envrl.training.dynamics import TargetSample, WorldModelTemplate
+    from envrl.training.dynamics import AnyWorldModelTemplate, TargetSample
     from envrl.training.policy import Policy
 
 #: the policy's prompt template (its response format writes the ID candidates); training's default
@@ -143,6 +143,17 @@ def collect_transitions(
     return transitions
 
 
+def state_messages(
+    policy_template: PromptTemplate, env_name: str, transition: Transition, history: int
+) -> list[Message]:
+    """The policy's prompt messages at ``s_t``, as its agent builds them on that turn: what a
+    follow-up template continues."""
+    t = transition
+    return policy_template.messages_at(
+        env_name, t.instruction, t.observation, list(t.admissible_actions), t.history, history
+    )
+
+
 # ---- inverse dynamics -------------------------------------------------------------------------
 
 
@@ -178,20 +189,23 @@ def id_candidates(transition: Transition) -> tuple[list[str], int]:
 
 def inverse_dynamics_probe(
     transitions: Sequence[Transition],
-    template: WorldModelTemplate,
+    template: AnyWorldModelTemplate,
     policy_template: PromptTemplate,
     scorer: Scorer,
     *,
     history: int,
+    env_name: str = "",
 ) -> InverseDynamicsResult:
     """Score each transition's candidates (:func:`id_candidates`) as responses to its
     inverse-dynamics prompt; top-1 accuracy (ties share the credit) and the chance level."""
+    from envrl.training.dynamics import inverse_dynamics_messages
+
     hits = chance = 0.0
     for t in transitions:
         candidates, truth = id_candidates(t)
-        messages = template.inverse_dynamics_messages(
-            t.instruction, t.history, t.observation, t.next_observation, history=history
-        )
+        state = (t.instruction, t.history, t.observation, t.next_observation)
+        policy_messages = state_messages(policy_template, env_name, t, history)
+        messages = inverse_dynamics_messages(template, policy_template, history, *state, policy_messages)
         scores = [float(v) for v in scorer(messages, [policy_template.format_response(a) for a in candidates])]
         if len(scores) != len(candidates):
             raise ValueError(f"the scorer gave {len(scores)} scores for {len(candidates)} candidates")
@@ -296,32 +310,38 @@ class ModelScorer:
 def state_prediction_probe(
     policy: Policy,
     transitions: Sequence[Transition],
-    template: WorldModelTemplate,
+    template: AnyWorldModelTemplate,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> tuple[float | None, float | None, int]:
     """SP token accuracy, exact-match rate and the number of prompts cut to fit the context."""
-    from envrl.training.dynamics import TargetSample, state_prediction_sample
+    from envrl.training.dynamics import TargetSample, state_prediction_messages
 
     if not transitions:
         return None, None, 0
     context = policy.backend.context_length
-    samples, truncated = [], 0
-    for t in transitions:
-        sample = state_prediction_sample(
-            policy, template, t.instruction, t.history, t.observation, t.action, t.next_observation
-        )
-        prompt = fit_prompt(sample.prompt_ids, len(sample.response_ids), context)
-        truncated += len(prompt) < len(sample.prompt_ids)
-        samples.append(TargetSample(prompt, sample.response_ids, sample.kind))
-    hits = teacher_forced_hits(policy.unwrapped, samples, policy.backend.pad_id, batch_size=batch_size)
-    token_accuracy = sum(hits) / sum(len(s.response_ids) for s in samples)
+    history = policy.config.history
     messages = [
-        template.state_prediction_messages(
-            t.instruction, t.history, t.observation, t.action, history=policy.config.history
+        state_prediction_messages(
+            template,
+            policy.template,
+            history,
+            t.instruction,
+            t.history,
+            t.observation,
+            t.action,
+            state_messages(policy.template, policy.env_name, t, history),
         )
         for t in transitions
     ]
+    samples, truncated = [], 0
+    for t, prompt_messages in zip(transitions, messages):
+        full, target = policy.encode_prompt(prompt_messages), policy.encode_response(str(t.next_observation))
+        prompt = fit_prompt(full, len(target), context)
+        truncated += len(prompt) < len(full)
+        samples.append(TargetSample(prompt, target, "state_prediction"))
+    hits = teacher_forced_hits(policy.unwrapped, samples, policy.backend.pad_id, batch_size=batch_size)
+    token_accuracy = sum(hits) / sum(len(s.response_ids) for s in samples)
     limits = [len(s.response_ids) + EXACT_MATCH_MARGIN for s in samples]
     generated = _greedy(policy, messages, limits, batch_size)
     matches = sum(exact_match(text, t.next_observation) for text, t in zip(generated, transitions))
@@ -356,8 +376,8 @@ def _greedy(policy: Policy, prompts: Sequence[Sequence[Message]], limits: Sequen
 def probe_model(
     policy: Policy,
     transitions: Sequence[Transition],
-    sp_template: WorldModelTemplate,
-    id_template: WorldModelTemplate,
+    sp_template: AnyWorldModelTemplate,
+    id_template: AnyWorldModelTemplate,
     *,
     scorer: Scorer | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -368,7 +388,12 @@ def probe_model(
     sp_accuracy, sp_exact, truncated = state_prediction_probe(policy, transitions, sp_template, batch_size=batch_size)
     model_scorer = ModelScorer(policy)
     result = inverse_dynamics_probe(
-        transitions, id_template, policy.template, scorer or model_scorer, history=policy.config.history
+        transitions,
+        id_template,
+        policy.template,
+        scorer or model_scorer,
+        history=policy.config.history,
+        env_name=policy.env_name,
     )
     truncated += model_scorer.truncated
     return ProbeResult(len(transitions), sp_accuracy, sp_exact, result.accuracy, result.chance, truncated)
@@ -402,7 +427,7 @@ def default_agent_name(checkpoint: str | Path, template: str) -> str:
     return spec if name == AGENT_DEFAULT_TEMPLATE else f"{spec}[{name}]"
 
 
-def load_probe_templates(sp_template: str, id_template: str) -> tuple[WorldModelTemplate, WorldModelTemplate]:
+def load_probe_templates(sp_template: str, id_template: str) -> tuple[AnyWorldModelTemplate, AnyWorldModelTemplate]:
     """The state-prediction and inverse-dynamics templates; ValueError when one is of the wrong kind."""
     from envrl.training.dynamics import load_world_model_template
 

@@ -14,7 +14,8 @@ group, trajectory, step index, anchor observation), plus the policy's own view o
 the auxiliary world-model losses (ENVRL's SP and ID): the task instruction the prompt showed
 and ``history``, the past turns of the trajectory that the prompt showed (the last
 ``policy.config.history`` ones, oldest first; the same :class:`~envrl.agents.prompts.Turn`
-objects the agent's conversation holds, so storing them costs references, not copies).
+objects the agent's conversation holds, so storing them costs references, not copies), and
+``messages``, the prompt messages themselves (ENVRL's default prompts continue them).
 
 An env whose worker dies mid-episode is replaced by the vector env; its trajectory is dropped
 from the batch (counted in ``RolloutBatch.dropped``), since a cut episode has no honest return.
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from envrl.agents.base import act_batch
+from envrl.agents.generation import Message
 from envrl.agents.prompts import Turn
 
 
@@ -57,6 +59,7 @@ class StepSample:
     advantage: float = 0.0
     instruction: str = ""  # the task as the policy's prompt showed it (the env's info["instruction"])
     history: list[Turn] = field(default_factory=list)  # the past turns the policy's prompt showed, oldest first
+    messages: list[Message] = field(default_factory=list)  # the policy's prompt messages (before tokenising)
 
 
 @dataclass
@@ -231,6 +234,7 @@ class GroupRollout:
             task_id=task_id,
             instruction=instruction,
             history=history,
+            messages=list(agent.last_messages),
         )
 
     def close(self) -> None:

@@ -8,16 +8,17 @@ sampling and no separate model:
     L(t) = L_RL + lambda_SP(t) * L_SP + lambda_ID(t) * L_ID
 
 * state prediction (SP), ``-log p(s_{t+1} | s_t, a_t)``: the target is the next observation's
-  tokens (and the end-of-turn token), the prompt the ``envrl-state-prediction`` template;
+  tokens (and the end-of-turn token), the prompt the ``follow-up-state-prediction`` template;
 * inverse dynamics (ID), ``-log p(a_t | s_t, s_{t+1})``: the target is the action written in
   the policy template's response format (as the policy writes it when it acts), the prompt
-  the ``envrl-inverse-dynamics`` template.
+  the ``follow-up-inverse-dynamics`` template.
 
-Both prompts show ``s_t`` as the policy saw it: the instruction, the same history window and
-the observation (:class:`~envrl.training.rollout.StepSample` keeps them;
-:mod:`envrl.training.dynamics` builds the prompts). The two default templates write the system
-message and ``s_t`` identically, so a transition's two rows share everything up to the action
-(SP) or the ``?`` standing for it (ID). Each weight decays from its start value
+Both default prompts are follow-ups (:mod:`envrl.training.dynamics`): they continue the policy's
+own prompt at ``s_t`` (the messages and tokens :class:`~envrl.training.rollout.StepSample`
+recorded) with its turn closed by the action (SP) or by ``?`` standing for it (ID) and one more
+question, so ``s_t`` is exactly what the policy saw, token for token. Other templates
+(``sp_template``, ``id_template``) may write their own view of ``s_t`` instead, from the step's
+instruction, history window and observation. Each weight decays from its start value
 ``lambda_0`` (``sp_coef``, ``id_coef``) over the run, ``decay: cosine`` giving
 
     lambda(t) = lambda_0 * 0.5 * (1 + cos(pi * t / T)),
@@ -34,16 +35,20 @@ Transitions
     (the trailing stream number keeps the draw apart from the rollouts' task draw, which uses
     ``[seed, update, rank]``), so a run and its resumed copy use the same ones.
 
-One extra forward pass per micro-batch
+Scored with the RL rows
     Each sample of the batch is a :class:`ENVRLSample`: the base algorithm's step sample and the
     auxiliary samples of its transition (none when the step is not used). :meth:`ENVRL.compute_loss`
-    hands the step samples to the base algorithm's own ``compute_loss`` (so the RL term is the
-    base algorithm's, computed on exactly the micro-batches it would see) and scores the
-    auxiliary samples of the micro-batch in one more forward pass. A transition's SP and ID rows
-    go in as one packed row (:meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`): the
-    tokens they share (with the default templates the system message and ``s_t``: 38% of the
-    SP/ID rows' tokens in ``benchmarks/envrl_overhead.py``'s batch) are computed once, and each
-    row's tokens are scored exactly as if it ran alone.
+    scores a micro-batch's steps and their auxiliary rows together
+    (:meth:`~envrl.training.policy.Policy.logprobs_with_branches`) and hands the steps' scores to
+    the base algorithm's ``loss_from_scores`` (so the RL term is the base algorithm's, on exactly
+    the micro-batches it would see). In choose mode a step is one packed row, its prompt then
+    the admissible actions; the default SP and ID rows begin with that prompt, so they join the
+    row as two more branches and add only their own tokens (the closing turn, the question and
+    the target): no extra forward pass, and ``s_t`` is computed once for all three objectives.
+    In generate mode, and for rows that do not begin with the step's prompt (other templates),
+    a transition's rows are scored in one more pass as one packed row, their common start once
+    (:meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`). Either way each row's tokens
+    are scored exactly as if it ran alone, up to float rounding.
 
 Weighting
     The loop weighs a micro-batch's loss by its share of the minibatch's scored units
@@ -92,8 +97,8 @@ from envrl.training.algorithms.gigpo import GiGPO, GiGPOConfig
 from envrl.training.algorithms.grpo import GRPO, GRPOConfig
 from envrl.training.config import ConfigError
 from envrl.training.dynamics import (
+    AnyWorldModelTemplate,
     TargetSample,
-    WorldModelTemplate,
     inverse_dynamics_sample,
     load_world_model_template,
     state_prediction_sample,
@@ -129,10 +134,10 @@ class ENVRLConfig(GiGPOConfig):
     id_coef: float = 0.001
     decay: str = "cosine"  # cosine (to 0 over the run) or constant
     aux_fraction: float = 1.0  # share of the batch's transitions used by the auxiliary losses, in (0, 1]
-    # the prompts, built-in names or JSON files; the default pair writes s_t identically, so that a
-    # transition's two rows share it and it is computed once (see the module docstring)
-    sp_template: str = "envrl-state-prediction"
-    id_template: str = "envrl-inverse-dynamics"
+    # the prompts, built-in names or JSON files; the default pair continues the policy's own prompt,
+    # so that the rows join the step's packed row in choose mode (see the module docstring)
+    sp_template: str = "follow-up-state-prediction"
+    id_template: str = "follow-up-inverse-dynamics"
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,7 @@ class ENVRL(Algorithm):
 
     def __init__(self, config: ENVRLConfig) -> None:
         super().__init__(config)
-        self._templates: dict[str, WorldModelTemplate] = {}
+        self._templates: dict[str, AnyWorldModelTemplate] = {}
 
     @property
     def base(self) -> GRPO:
@@ -258,7 +263,7 @@ class ENVRL(Algorithm):
             self.template(kind)
         base.check(train_config)
 
-    def template(self, kind: str) -> WorldModelTemplate:
+    def template(self, kind: str) -> AnyWorldModelTemplate:
         """The prompt template of an auxiliary kind (loaded on first use, checked to be of its kind)."""
         if kind not in self._templates:
             key, expected = _TEMPLATE_KEYS[kind]
@@ -283,7 +288,8 @@ class ENVRL(Algorithm):
         return {kind: aux_weight(coef, update, updates, c.decay) for kind, coef in coefs.items()}
 
     def aux_samples(self, policy: Any, step: StepSample) -> list[TargetSample]:
-        """The enabled auxiliary samples of one transition, prompts built from the policy's view of ``s_t``."""
+        """The enabled auxiliary samples of one transition, prompts built from the policy's view of
+        ``s_t`` (a follow-up template continues the step's own prompt)."""
         out = []
         for kind in self.kinds:
             build: Callable[..., TargetSample]
@@ -291,8 +297,16 @@ class ENVRL(Algorithm):
                 build, target_side = state_prediction_sample, (step.action, step.next_observation)
             else:
                 build, target_side = inverse_dynamics_sample, (step.next_observation, step.action)
+            state = (step.instruction, step.history, step.observation)
             out.append(
-                build(policy, self.template(kind), step.instruction, step.history, step.observation, *target_side)
+                build(
+                    policy,
+                    self.template(kind),
+                    *state,
+                    *target_side,
+                    state_messages=step.messages,
+                    state_ids=step.prompt_ids,
+                )
             )
         return out
 
@@ -331,7 +345,10 @@ class ENVRL(Algorithm):
 
     def compute_loss(self, trainer: Any, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
         steps = [s.step for s in samples]
-        loss, base_terms = self.base.compute_loss(trainer, steps)
+        # one pass: the steps' units and their transitions' SP and ID rows, each scored in its
+        # step's packed row where it begins with the step's prompt (see the module docstring)
+        scores, branches = trainer.policy.logprobs_with_branches(steps, [s.aux for s in samples])
+        loss, base_terms = self.base.loss_from_scores(trainer, steps, scores)
         terms = {"loss/rl": float(loss.detach()), **base_terms}
         if not samples:
             return loss, terms
@@ -342,9 +359,7 @@ class ENVRL(Algorithm):
         present = [kind for kind in scale.weights if kind in scale.per_token]
         if not aux:
             return loss, {**terms, **{f"loss/{AUX_KINDS[kind]}": 0.0 for kind in present}}
-        # a transition's SP and ID rows share s_t: one packed row each, s_t computed once
-        groups = trainer.policy.shared_prefix_logprobs([s.aux for s in samples if s.aux])
-        logprobs = [row for group in groups for row in group]
+        logprobs = [row for group in branches for row in group]
         units = sum(scored_units(step) for step in steps)
         for kind in present:
             sums = [row.sum() for row, a in zip(logprobs, aux) if a.kind == kind]

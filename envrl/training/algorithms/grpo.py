@@ -27,6 +27,7 @@ from envrl.training.advantages import grpo_advantages
 from envrl.training.algorithms.base import Algorithm, Batch
 from envrl.training.config import ConfigError
 from envrl.training.losses import kl_k3, masked_mean, ppo_clip_loss
+from envrl.training.policy import Scores
 
 
 @dataclass
@@ -90,9 +91,15 @@ class GRPO(Algorithm):
         return Batch([s for s in rollout.samples if s.response_ids], metrics)
 
     def compute_loss(self, trainer: Any, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.loss_from_scores(trainer, samples, trainer.policy.logprobs(samples))
+
+    def loss_from_scores(
+        self, trainer: Any, samples: Sequence[Any], scores: Scores
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of ``samples`` given their scored units under the current weights (ENVRL
+        scores them in one pass with its own rows and hands them here)."""
         c = self.config
         policy = trainer.policy
-        scores = policy.logprobs(samples)
         old = _padded([s.old_logprobs for s in samples], scores.mask)
         advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=scores.mask.device)
         loss, stats = ppo_clip_loss(scores.logprobs, old, advantages, scores.mask, c.clip_eps)

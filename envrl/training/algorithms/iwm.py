@@ -145,15 +145,14 @@ def expert_histories(rows: Sequence[Mapping[str, Any]]) -> list[list[dict[str, s
 def policy_messages(policy: Any, row: Mapping[str, Any], history_turns: Sequence[Mapping[str, Any]]) -> list[Message]:
     """The prompt the policy sees at the row's state: built as :class:`~envrl.agents.prompts.Conversation`
     builds it (the last ``policy.config.history`` turns; turn number = earlier turns + 1)."""
-    window = policy.config.history
     turns = [Turn(observation=str(t["observation"]), action=str(t["action"])) for t in history_turns]
-    return policy.template.build_messages(
+    return policy.template.messages_at(
         policy.env_name,
         str(row["instruction"]),
         str(row["observation"]),
         [str(a) for a in row.get("admissible_actions") or []],
-        turns[-window:] if window else [],
-        len(turns) + 1,
+        turns,
+        policy.config.history,
     )
 
 
