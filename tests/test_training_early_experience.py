@@ -236,12 +236,16 @@ def test_follow_up_prompts_continue_the_policys_messages_and_never_show_their_ta
     with pytest.raises(TemplateError, match="continues the policy's prompt messages, and none were given"):
         sp.state_prediction_messages([], "<action>go east</action>")
     data = {"name": "x", "kind": "inverse-dynamics", "form": "follow-up", "assistant": "{hidden_response}"}
-    with pytest.raises(TemplateError, match="its assistant turn uses response, which a inverse-dynamics follow-up"):
+    with pytest.raises(
+        TemplateError, match="its assistant turn uses response, which inverse-dynamics follow-ups may not show"
+    ):
         FollowUpTemplate.from_dict({**data, "assistant": "{response}", "user": "{next_observation}"})
-    with pytest.raises(TemplateError, match="a inverse-dynamics follow-up's user turn must show {next_observation}"):
+    with pytest.raises(
+        TemplateError, match="inverse-dynamics follow-ups must show {next_observation} in their user turn"
+    ):
         FollowUpTemplate.from_dict({**data, "user": "What followed?"})
     leak = {"name": "y", "kind": "state-prediction", "form": "follow-up", "assistant": "{response}"}
-    with pytest.raises(TemplateError, match="its user turn uses next_observation, which a state-prediction"):
+    with pytest.raises(TemplateError, match="its user turn uses next_observation, which state-prediction follow-ups"):
         FollowUpTemplate.from_dict({**leak, "user": "It said {next_observation}. What next?"})
     with pytest.raises(TemplateError, match="lacks user"):
         FollowUpTemplate.from_dict(leak)

@@ -470,6 +470,12 @@ def test_one_tiny_iteration(env: str, base: str, tiny_checkpoint: Path, tmp_path
             assert trajectory[0].history == []
             for before, step in zip(trajectory, trajectory[1:]):
                 assert [(t.observation, t.action) for t in step.history] == [(before.observation, before.action)]
+        # the rollout recorded each step's prompt messages; its SP and ID rows continue that very prompt
+        for sample in batch.samples:
+            step = sample.step
+            assert step.messages[-1]["role"] == "user" and step.observation[-40:] in step.messages[-1]["content"]
+            assert trainer.policy.encode_prompt(step.messages)[-len(step.prompt_ids) :] == step.prompt_ids
+            assert all(a.prompt_ids[: len(step.prompt_ids)] == step.prompt_ids for a in sample.aux)
         transitions = len(transition_steps(steps))
         assert row["aux/transitions"] == transitions and row["aux/samples"] == 2 * transitions
         assert row["valid_action_ratio"] >= 0 and row["format_valid_ratio"] == 1.0

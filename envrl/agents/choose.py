@@ -20,9 +20,9 @@ prompt. Each candidate is thus scored exactly as if it followed the prompt alone
 computed once, and many prompts' rows go through the model in one forward pass (rollouts score
 a whole batch of envs at once, training a whole micro-batch; rows of similar length together,
 :func:`length_buckets`), which is what makes scoring tens of actions for tens of envs affordable.
-The same packing scores any rows that share their start (ENVRL's SP and ID rows of a transition):
-the shared start is the prompt, and each row's own rest of the prompt is context before its
-scored tokens (``score_from``). :func:`score_candidate_sets` keeps the autograd graph,
+The same packing scores any rows that share their start (ENVRL's SP and ID rows beside a step's
+candidates or response): the shared start is the prompt, and each row's own rest of the prompt is
+context before its scored tokens (``score_from``). :func:`score_candidate_sets` keeps the autograd graph,
 so training differentiates ``log pi(a | s)`` through exactly the computation that chose ``a``.
 The mask is a 4D float mask, which transformers' ``eager`` and ``sdpa`` attention accept.
 """
@@ -225,7 +225,9 @@ def _score_rows(
     query, key = owner_t.unsqueeze(2), owner_t.unsqueeze(1)
     earlier = pos_t.unsqueeze(1) <= pos_t.unsqueeze(2)  # [row, query, key]: the key stands at or before the query
     allowed = earlier & (key != -2) & ((key == -1) | (key == query))
-    allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: no row is all masked
+    # padding attends to itself (and by position to the prompt's first token): no row is all masked, and
+    # no other token reads a padding position
+    allowed |= torch.eye(width, dtype=torch.bool)
     mask = torch.zeros((n, 1, width, width), dtype=torch.float32)
     mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(torch.float32).min)
     keep = max(len(ids) - min(p) for ids, p in zip(packed, predictors_in_row))

@@ -13,12 +13,13 @@ Both are token cross-entropies on the target's tokens plus the end-of-turn token
 (:meth:`~envrl.training.policy.Policy.encode_response`), never on the prompt's. The prompts
 are templates (data, like the agents' templates): a JSON file with a ``kind``
 (``state-prediction`` or ``inverse-dynamics``), a ``system`` string and a ``user`` string
-with :meth:`str.format` fields, and a ``history_turn`` string for each past turn. Two pairs ship
-with envrl: ``world-model`` (state prediction, IWM's) and ``inverse-dynamics``, each with its own
-system message; and ENVRL's ``envrl-state-prediction`` and ``envrl-inverse-dynamics``, which
-write the system message and the state ``s`` identically and differ only after it, so that the
-two rows of a transition share that prefix token for token and ENVRL computes it once
-(:meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`). A path loads any other.
+with :meth:`str.format` fields, and a ``history_turn`` string for each past turn. Two such pairs
+ship with envrl: ``world-model`` (state prediction, IWM's) and ``inverse-dynamics``, each with its
+own system message; and ``envrl-state-prediction`` and ``envrl-inverse-dynamics``, which write
+the system message and the state ``s`` identically and differ only after it, so that the two
+rows of a transition share that prefix token for token and are computed once for both
+(:meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`). ENVRL's defaults are follow-ups
+(below). A path loads any other.
 ``s`` is shown as the policy sees it: the task, the last ``policy.config.history`` turns and
 the current observation (cut like the policy's prompt), so the world model and the policy read
 the same view of the state. The texts are short on purpose: from-scratch CPU
@@ -185,11 +186,12 @@ class WorldModelTemplate:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
 
-#: the fields a follow-up template's turns may use, per kind and turn; the kind's required ones
+#: the fields a follow-up template's turns may use, per kind and turn
 _FOLLOW_UP_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
     "state-prediction": {"assistant": ("response",), "user": ()},
     "inverse-dynamics": {"assistant": ("hidden_response",), "user": ("next_observation",)},
 }
+#: per kind, the turn and the field it must use
 _FOLLOW_UP_REQUIRED = {"state-prediction": ("assistant", "response"), "inverse-dynamics": ("user", "next_observation")}
 _FOLLOW_UP_KEYS = ("name", "kind", "form", "assistant", "user")
 #: the action a follow-up's ``{hidden_response}`` shows in the response format
@@ -236,13 +238,13 @@ class FollowUpTemplate:
             unknown = sorted(used - set(allowed))
             if unknown:
                 raise TemplateError(
-                    f"follow-up template {self.name!r}: its {turn} turn uses {', '.join(unknown)}, which a "
-                    f"{self.kind} follow-up may not show (allowed: {', '.join(allowed) or 'none'})"
+                    f"follow-up template {self.name!r}: its {turn} turn uses {', '.join(unknown)}, which "
+                    f"{self.kind} follow-ups may not show (allowed: {', '.join(allowed) or 'none'})"
                 )
         turn, name = _FOLLOW_UP_REQUIRED[self.kind]
         if "{" + name + "}" not in getattr(self, turn):
             raise TemplateError(
-                f"follow-up template {self.name!r}: a {self.kind} follow-up's {turn} turn must show {{{name}}}"
+                f"follow-up template {self.name!r}: {self.kind} follow-ups must show {{{name}}} in their {turn} turn"
             )
 
     def state_prediction_messages(self, state_messages: Sequence[Message], response: str) -> list[Message]:

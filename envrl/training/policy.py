@@ -178,7 +178,7 @@ class Policy:
         if plain:
             for i, row in zip(plain, self._response_logprobs(model, [samples[i] for i in plain], temperature)):
                 rows[i] = row
-        packed = [i for i in range(len(samples)) if i not in set(plain)]
+        packed = sorted(set(range(len(samples))) - set(plain))
         if packed:
             joined_rows = [[branches[i][j] for j in joined[i]] for i in packed]
             results = self._packed_logprobs(model, [samples[i] for i in packed], temperature, joined_rows)

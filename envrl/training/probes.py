@@ -37,6 +37,11 @@ them apart scores exactly the chance level, the mean of ``1 / len(candidates)``,
 reported beside it. The scorer is any function from (prompt messages, candidate responses)
 to scores (:data:`Scorer`); the model's is :class:`ModelScorer`.
 
+A follow-up template (:mod:`envrl.training.dynamics`; ENVRL's default prompts) asks its question
+after the policy's own prompt at ``s_t``, rebuilt from the transition as the policy's agent builds
+it on that turn (the policy template, the last ``--history`` turns, the admissible actions:
+:meth:`~envrl.agents.prompts.PromptTemplate.messages_at`).
+
 Prompts longer than the model's context lose their start, as agents' prompts do (the target or
 the candidates always fit); how many teacher-forced SP and ID prompts did is recorded with the
 probe (``config["truncated_prompts"]``); the back end logs those it cuts for generation.
