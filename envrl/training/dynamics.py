@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -100,17 +100,7 @@ class WorldModelTemplate:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> WorldModelTemplate:
-        missing = [key for key in _KEYS if key not in data]
-        if missing:
-            raise TemplateError(f"world-model template {source!r} lacks {', '.join(missing)}")
-        unknown = sorted(set(data) - {*_KEYS, "description"})
-        if unknown:
-            raise TemplateError(f"world-model template {source!r} has unknown keys: {', '.join(unknown)}")
-        if data["kind"] not in _USER_FIELDS:
-            raise TemplateError(
-                f"world-model template {source!r}: kind must be {' or '.join(_USER_FIELDS)}, got {data['kind']!r}"
-            )
-        template = cls(**{key: data[key] for key in (*_KEYS, "description") if key in data}, source=source)
+        template = cls(**_template_fields("world-model template", data, _KEYS, _USER_FIELDS, source), source=source)
         template._check()
         return template
 
@@ -118,10 +108,7 @@ class WorldModelTemplate:
         """Every field known and the target's counterpart used: a typo fails at load, not mid-run."""
         allowed = _USER_FIELDS[self.kind]
         for key, text, fields in (("user", self.user, allowed), ("history_turn", self.history_turn, _TURN_FIELDS)):
-            try:
-                used = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
-            except ValueError as exc:
-                raise TemplateError(f"world-model template {self.name!r}: {key} is malformed ({exc})") from exc
+            used = _fields_used("world-model template", self.name, key, text)
             unknown = sorted(used - set(fields))
             if unknown:
                 raise TemplateError(
@@ -212,29 +199,16 @@ class FollowUpTemplate:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> FollowUpTemplate:
-        missing = [key for key in _FOLLOW_UP_KEYS if key not in data]
-        if missing:
-            raise TemplateError(f"follow-up template {source!r} lacks {', '.join(missing)}")
-        unknown = sorted(set(data) - {*_FOLLOW_UP_KEYS, "description"})
-        if unknown:
-            raise TemplateError(f"follow-up template {source!r} has unknown keys: {', '.join(unknown)}")
-        if data["kind"] not in _FOLLOW_UP_FIELDS:
-            raise TemplateError(
-                f"follow-up template {source!r}: kind must be {' or '.join(_FOLLOW_UP_FIELDS)}, got {data['kind']!r}"
-            )
-        keys = ("name", "kind", "assistant", "user", "description")
-        template = cls(**{key: data[key] for key in keys if key in data}, source=source)
+        fields = _template_fields("follow-up template", data, _FOLLOW_UP_KEYS, _FOLLOW_UP_FIELDS, source)
+        fields.pop("form")  # what made it a follow-up; not a field of its own
+        template = cls(**fields, source=source)
         template._check()
         return template
 
     def _check(self) -> None:
         """Every field known, the kind's required one used, the target never shown."""
         for turn, allowed in _FOLLOW_UP_FIELDS[self.kind].items():
-            text = getattr(self, turn)
-            try:
-                used = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
-            except ValueError as exc:
-                raise TemplateError(f"follow-up template {self.name!r}: {turn} is malformed ({exc})") from exc
+            used = _fields_used("follow-up template", self.name, turn, getattr(self, turn))
             unknown = sorted(used - set(allowed))
             if unknown:
                 raise TemplateError(
@@ -279,6 +253,30 @@ class FollowUpTemplate:
 
 #: either form of world-model template
 AnyWorldModelTemplate = WorldModelTemplate | FollowUpTemplate
+
+
+def _template_fields(
+    label: str, data: Mapping[str, Any], keys: Sequence[str], kinds: Collection[str], source: str
+) -> dict[str, Any]:
+    """A template file's fields, once its keys (``keys``, plus an optional ``description``) and
+    its ``kind`` (one of ``kinds``) are checked; one-line TemplateErrors naming ``label``."""
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise TemplateError(f"{label} {source!r} lacks {', '.join(missing)}")
+    unknown = sorted(set(data) - {*keys, "description"})
+    if unknown:
+        raise TemplateError(f"{label} {source!r} has unknown keys: {', '.join(unknown)}")
+    if data["kind"] not in kinds:
+        raise TemplateError(f"{label} {source!r}: kind must be {' or '.join(kinds)}, got {data['kind']!r}")
+    return {key: data[key] for key in (*keys, "description") if key in data}
+
+
+def _fields_used(label: str, name: str, key: str, text: str) -> set[str]:
+    """The :meth:`str.format` fields ``text`` uses; a TemplateError when it is malformed."""
+    try:
+        return {part for _, part, _, _ in string.Formatter().parse(text) if part is not None}
+    except ValueError as exc:
+        raise TemplateError(f"{label} {name!r}: {key} is malformed ({exc})") from exc
 
 
 _TURN_FIELDS = ("observation", "action")

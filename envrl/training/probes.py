@@ -320,31 +320,22 @@ def state_prediction_probe(
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> tuple[float | None, float | None, int]:
     """SP token accuracy, exact-match rate and the number of prompts cut to fit the context."""
-    from envrl.training.dynamics import TargetSample, state_prediction_messages
+    from envrl.training.dynamics import TargetSample, state_prediction_messages, state_prediction_sample
 
     if not transitions:
         return None, None, 0
     context = policy.backend.context_length
     history = policy.config.history
-    messages = [
-        state_prediction_messages(
-            template,
-            policy.template,
-            history,
-            t.instruction,
-            t.history,
-            t.observation,
-            t.action,
-            state_messages(policy.template, policy.env_name, t, history),
-        )
-        for t in transitions
-    ]
-    samples, truncated = [], 0
-    for t, prompt_messages in zip(transitions, messages):
-        full, target = policy.encode_prompt(prompt_messages), policy.encode_response(str(t.next_observation))
-        prompt = fit_prompt(full, len(target), context)
-        truncated += len(prompt) < len(full)
-        samples.append(TargetSample(prompt, target, "state_prediction"))
+    samples, messages, truncated = [], [], 0
+    for t in transitions:
+        # the loss's own sample (prompt and target) and, for the greedy generation, its messages
+        state = (t.instruction, t.history, t.observation, t.action)
+        policy_messages = state_messages(policy.template, policy.env_name, t, history)
+        sample = state_prediction_sample(policy, template, *state, t.next_observation, state_messages=policy_messages)
+        messages.append(state_prediction_messages(template, policy.template, history, *state, policy_messages))
+        prompt = fit_prompt(sample.prompt_ids, len(sample.response_ids), context)
+        truncated += len(prompt) < len(sample.prompt_ids)
+        samples.append(TargetSample(prompt, sample.response_ids, sample.kind))
     hits = teacher_forced_hits(policy.unwrapped, samples, policy.backend.pad_id, batch_size=batch_size)
     token_accuracy = sum(hits) / sum(len(s.response_ids) for s in samples)
     limits = [len(s.response_ids) + EXACT_MATCH_MARGIN for s in samples]

@@ -42,11 +42,12 @@ Scored with the RL rows
     (:meth:`~envrl.training.policy.Policy.logprobs_with_branches`) and hands the steps' scores to
     the base algorithm's ``loss_from_scores`` (so the RL term is the base algorithm's, on exactly
     the micro-batches it would see). In choose mode a step is one packed row, its prompt then
-    the admissible actions; the default SP and ID rows begin with that prompt, so they join the
-    row as two more branches and add only their own tokens (the closing turn, the question and
-    the target): no extra forward pass, and ``s_t`` is computed once for all three objectives.
-    In generate mode, and for rows that do not begin with the step's prompt (other templates),
-    a transition's rows are scored in one more pass as one packed row, their common start once
+    the admissible actions, in generate mode its prompt then its response (packed only when rows
+    join it); the default SP and ID rows begin with that prompt, so they join the row as two more
+    branches and add only their own tokens (the closing turn, the question and the target): no
+    extra forward pass, and ``s_t`` is computed once for all three objectives. Rows that do not
+    begin with the step's prompt (other templates) are scored in one more pass, a transition's
+    rows as one packed row with their common start once
     (:meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`). Either way each row's tokens
     are scored exactly as if it ran alone, up to float rounding.
 
