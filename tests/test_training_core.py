@@ -43,7 +43,7 @@ def test_packed_scoring_of_many_prompts_matches_each_candidate_scored_alone(tiny
     prompts = [backend.encode(MESSAGES), backend.encode(MESSAGES[:1]), backend.encode(MESSAGES)[:7]]
     candidates = [[backend.encode_response(c) for c in CANDIDATES * k] for k in (1, 2, 3)]
     monkeypatch.setattr(choose, "CANDIDATE_CHUNK", 2)  # rows of at most 2 candidates, the prompt repeated
-    monkeypatch.setattr(choose, "PACKED_TOKENS", 120)  # several forward passes
+    monkeypatch.setattr(choose, "CPU_PACKED_TOKENS", 120)  # several forward passes
     items = list(zip(prompts, candidates))
     scored = choose.score_candidate_sets(model, items, backend.pad_id)
     for (prompt, options), grid in zip(items, scored):
@@ -180,6 +180,16 @@ def test_length_buckets_bound_the_padding_and_keep_every_row_once() -> None:
     assert length_buckets([]) == [] and length_buckets([7, 7, 7]) == [[0, 1, 2]]
     assert length_buckets([10, 100], slack=100.0) == [[0, 1]]  # a loose bound pads as one batch did
 
+
+def test_forward_batches_split_length_groups_at_the_devices_token_budget() -> None:
+    from envrl.agents.choose import CPU_PACKED_TOKENS, PACKED_TOKENS, forward_batches
+
+    assert (CPU_PACKED_TOKENS, PACKED_TOKENS) == (2048, 16384)
+    lengths = [500] * 9 + [3000]  # one group of nine 500s (4500 tokens), and a row longer than the CPU budget
+    cpu = forward_batches(lengths, torch.device("cpu"))
+    assert cpu == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9]]  # 4 x 500 fit in 2048, a 3000-token row runs alone
+    assert forward_batches(lengths, torch.device("cuda")) == [list(range(9)), [9]]
+    assert forward_batches(lengths, "cpu") == cpu
 
 def test_responses_of_very_different_lengths_score_as_each_alone(tiny_checkpoint: Path) -> None:
     """Rows run in several length groups (short rows not padded to the longest), and each row's

@@ -38,8 +38,12 @@ import numpy as np
 CHOOSE_SCORES = ("sum", "mean")
 #: candidates packed into one row (a longer list is split over several rows, each with its own copy of the prompt)
 CANDIDATE_CHUNK = 64
-#: rows times padded length of one forward pass (a bigger batch is split)
+#: rows times padded length of one forward pass on an accelerator (a bigger batch is split)
 PACKED_TOKENS = 16384
+#: the same on a CPU, where passes of a few thousand tokens keep their activations and masks in the
+#: caches: scoring and training both ran faster with 2048 than with 16384 (up to 20% for ENVRL's
+#: longer rows; ``benchmarks/envrl_overhead.py``)
+CPU_PACKED_TOKENS = 2048
 #: the share of padding a forward over rows of different lengths may add to their tokens (see :func:`length_buckets`)
 PADDING_SLACK = 0.25
 
@@ -124,7 +128,7 @@ def score_candidate_sets(
     lengths = [len(items[row[0]][0]) + sum(len(c) for c in row[2]) for row in rows]
     # per item: the flat token log-probs (and entropies) of its candidates in order, gathered from every row
     flat: list[list[Any]] = [[] for _ in items]
-    for batch in _forward_batches(lengths):
+    for batch in forward_batches(lengths, device):
         scored_rows = _score_rows(model, items, [rows[b] for b in batch], pad_id, device, entropy)
         for row, values in zip(batch, scored_rows):
             flat[rows[row][0]].append((rows[row][1], values))
@@ -142,14 +146,16 @@ def score_candidate_sets(
     return out
 
 
-def _forward_batches(lengths: Sequence[int]) -> list[list[int]]:
-    """Rows to run together: :func:`length_buckets` groups (little padding), each split where its
-    padded size would pass :data:`PACKED_TOKENS` (bounded memory)."""
+def forward_batches(lengths: Sequence[int], device: Any) -> list[list[int]]:
+    """Rows (by index) to run together on ``device``: :func:`length_buckets` groups (little
+    padding), each split where its padded size would pass the device's token budget
+    (:data:`PACKED_TOKENS`, :data:`CPU_PACKED_TOKENS`; a longer row runs alone)."""
+    budget = CPU_PACKED_TOKENS if getattr(device, "type", str(device)) == "cpu" else PACKED_TOKENS
     batches: list[list[int]] = []
     for bucket in length_buckets(lengths):
         batch: list[int] = []
         for r in bucket:  # shortest first: the newest row is the longest
-            if batch and (len(batch) + 1) * lengths[r] > PACKED_TOKENS:
+            if batch and (len(batch) + 1) * lengths[r] > budget:
                 batches.append(batch)
                 batch = []
             batch.append(r)

@@ -226,7 +226,7 @@ class HFBackend:
                 ready[i] = (self._truncate(self.encode(messages), max(len(o) for o in options)), options)
             except Exception as exc:
                 results[i] = _failed(exc, 0, time.perf_counter() - began)
-        try:  # every prompt's candidates in as few forward passes as fit (choose.PACKED_TOKENS)
+        try:  # every prompt's candidates in as few forward passes as fit (choose's token budget per pass)
             with torch.inference_mode():
                 scored = score_candidate_sets(self._model, list(ready.values()), self.pad_id)
         except Exception as exc:
