@@ -246,7 +246,12 @@ def _score_rows(
     # row index x of a row of length L is column keep - L + x of ``logits``
     rows_index = [row for row, p in enumerate(predictors_in_row) for _ in p]
     columns = [keep - len(ids) + x for ids, p in zip(packed, predictors_in_row) for x in p]
-    selected = logits[torch.tensor(rows_index, device=device), torch.tensor(columns, device=device)].float()
+    # one flat index per scored token; the prompt's last position predicts every whole candidate's first
+    # token, so positions repeat: index_select's backward sums repeats in a fixed order, where advanced
+    # indexing's (index_put_ with accumulate) adds them from several CPU threads in any order and the
+    # gradients then differ in their last bits from run to run
+    flat = torch.tensor([row * keep + column for row, column in zip(rows_index, columns)], device=device)
+    selected = logits.reshape(-1, logits.shape[-1]).index_select(0, flat).float()
     flat_temps = [t for row in temps_in_row for t in row]
     if any(t != 1.0 for t in flat_temps):
         selected = selected / torch.tensor(flat_temps, device=device).unsqueeze(-1)
