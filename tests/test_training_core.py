@@ -191,6 +191,7 @@ def test_forward_batches_split_length_groups_at_the_devices_token_budget() -> No
     assert forward_batches(lengths, torch.device("cuda")) == [list(range(9)), [9]]
     assert forward_batches(lengths, "cpu") == cpu
 
+
 def test_responses_of_very_different_lengths_score_as_each_alone(tiny_checkpoint: Path) -> None:
     """Rows run in several length groups (short rows not padded to the longest), and each row's
     log-probs come back in the caller's order, as the row scored alone."""
