@@ -41,8 +41,8 @@ CANDIDATE_CHUNK = 64
 #: rows times padded length of one forward pass on an accelerator (a bigger batch is split)
 PACKED_TOKENS = 16384
 #: the same on a CPU, where passes of a few thousand tokens keep their activations and masks in the
-#: caches: scoring and training both ran faster with 2048 than with 16384 (up to 20% for ENVRL's
-#: longer rows; ``benchmarks/envrl_overhead.py``)
+#: caches: with 2048 instead of 16384, ENVRL's choose-mode update took 13.9 s instead of 15.2 s and
+#: generate-mode GRPO's 14.8 s instead of 17.3 s (``benchmarks/envrl_overhead.py``, one thread)
 CPU_PACKED_TOKENS = 2048
 #: the share of padding a forward over rows of different lengths may add to their tokens (see :func:`length_buckets`)
 PADDING_SLACK = 0.25
@@ -243,14 +243,13 @@ def _score_rows(
         position_ids=pos_t.to(device),
         logits_to_keep=keep,
     ).logits
-    # row index x of a row of length L is column keep - L + x of ``logits``
-    rows_index = [row for row, p in enumerate(predictors_in_row) for _ in p]
-    columns = [keep - len(ids) + x for ids, p in zip(packed, predictors_in_row) for x in p]
-    # one flat index per scored token; the prompt's last position predicts every whole candidate's first
-    # token, so positions repeat: index_select's backward sums repeats in a fixed order, where advanced
-    # indexing's (index_put_ with accumulate) adds them from several CPU threads in any order and the
-    # gradients then differ in their last bits from run to run
-    flat = torch.tensor([row * keep + column for row, column in zip(rows_index, columns)], device=device)
+    # row index x of a row of length L is column keep - L + x of ``logits``: one flat index per scored
+    # token. The prompt's last position predicts every whole candidate's first token, so positions
+    # repeat: index_select's backward sums repeats in a fixed order, where advanced indexing's
+    # (index_put_ with accumulate) adds them from several CPU threads in any order and the gradients
+    # then differ in their last bits from run to run
+    starts = [row * keep + keep - len(ids) for row, ids in enumerate(packed)]
+    flat = torch.tensor([start + x for start, p in zip(starts, predictors_in_row) for x in p], device=device)
     selected = logits.reshape(-1, logits.shape[-1]).index_select(0, flat).float()
     flat_temps = [t for row in temps_in_row for t in row]
     if any(t != 1.0 for t in flat_temps):
