@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -221,6 +222,17 @@ class _RewardSpy:
                 }
             )
         return [0.0] * len(completions)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """TRL's trainer sets accelerate's process-wide state (bf16 on CPU); later tests in this process
+    start from none, as a new process would (accelerate's own tests reset it the same way)."""
+    yield
+    if "accelerate" in sys.modules:
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _train(tmp_path: Path, checkpoint: Path, factory, dataset, logged: list, **config):

@@ -435,3 +435,23 @@ def test_a_second_run_into_the_same_output_folder_stops_at_start(tiny_checkpoint
     finally:
         first.close()
     Trainer(config()).close()
+
+
+def test_a_process_whose_accelerator_autocasts_is_refused_not_followed(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """accelerate keeps one precision per process: after another library's bf16 Accelerator (a TRL
+    trainer in the same notebook), a float32 run would silently autocast in bf16; it stops instead."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from envrl.training.loop import Trainer
+
+    sets = [f"policy.model={tiny_checkpoint}", f"out={tmp_path / 'out'}", "policy.device=cpu"]
+    config = build_config("grpo", "textworld", algorithm_config=GRPOConfig, sets=sets)
+    Trainer(config).close()  # float32, no autocast
+    AcceleratorState._reset_state(reset_partial_state=True)  # as in a new process
+    try:
+        Accelerator(cpu=True, mixed_precision="bf16")
+        with pytest.raises(ConfigError, match="mixed precision 'no'.*fixed it to 'bf16'; train in a fresh process"):
+            Trainer(config)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

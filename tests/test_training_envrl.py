@@ -360,7 +360,6 @@ def test_with_both_weights_zero_an_update_is_the_base_algorithms(
     # the response becomes a packed candidate): the same computation up to float rounding. The
     # gradients are compared, not the weights after the step: Adam's first step is ~lr * sign(g),
     # so a coordinate whose gradient is ~0 moves by +-lr on either side of any rounding change
-    # (CI saw such coordinates differ by more than 2e-5 where this machine did not)
     assert grads.keys() == base_grads.keys() and grads
     scale = max(float(g.abs().max()) for g in base_grads.values())
     for key, grad in grads.items():

@@ -15,6 +15,8 @@ The update
 Distributed
     Under ``accelerate launch`` each process plays its own rollouts (seeded by its rank) and
     the gradients are averaged; only the main process logs, evaluates and saves models.
+    Autocast (``--mixed_precision bf16``) comes from the launcher only; a process whose
+    accelerate state already holds another precision is refused (see ``Trainer``).
 
 Evaluation
     Before the first update, every ``eval.every`` updates and after the last, the policy is
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -61,10 +64,23 @@ class Trainer:
         # DDP's buffer broadcast before every forward would make ranks disagree on the number of
         # collective calls (a micro-batch of choose-mode and token samples runs the model twice); the model's only buffers
         # (rotary frequencies) never change, so there is nothing to broadcast.
-        self.accelerator = Accelerator(
-            cpu=config.policy.device == "cpu" or not torch.cuda.is_available(),
-            kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
-        )
+        # Mixed precision comes from `accelerate launch --mixed_precision` (its environment variable)
+        # and nothing else: left unset, accelerate would reuse whatever an earlier Accelerator in
+        # this process chose (a TRL trainer's bf16, say) and silently autocast a float32 run.
+        precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        try:
+            self.accelerator = Accelerator(
+                cpu=config.policy.device == "cpu" or not torch.cuda.is_available(),
+                mixed_precision=precision,
+                kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+            )
+        except ValueError as error:  # accelerate's state is process-wide and set once
+            from accelerate.state import AcceleratorState
+
+            raise ConfigError(
+                f"cannot train with mixed precision {precision!r}: an earlier Accelerator in this "
+                f"process fixed it to {AcceleratorState().mixed_precision!r}; train in a fresh process"
+            ) from error
         self.rank = self.accelerator.process_index
         self._lock: FileLock | None = None
         if self.accelerator.is_main_process:
