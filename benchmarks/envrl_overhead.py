@@ -25,8 +25,8 @@ before every timed update so both variants see the same model. The peak memory o
 the largest resident set size sampled every 2 ms while it runs, less the size just before it,
 after freed memory is handed back to the OS (glibc's ``malloc_trim``;
 ``torch.cuda.max_memory_allocated`` on a GPU). Printed and written to ``--out``/results.json:
-the median time and peak of each, their ratios (ENVRL / GRPO), and the positions the auxiliary
-rows add (:func:`aux_positions`).
+the median time and peak of each, their ratios (ENVRL / GRPO), the positions the auxiliary
+rows add (:func:`aux_positions`) and the attention pairs of both (:func:`attention_pairs`).
 
     .venv/bin/python benchmarks/envrl_overhead.py                 # small model (1.9M), ~3 min on 2 cores
     .venv/bin/python benchmarks/envrl_overhead.py --size tiny --repeats 3
@@ -157,6 +157,34 @@ def aux_positions(samples: list[Any]) -> dict[str, int]:
     return out
 
 
+def attention_pairs(samples: list[Any], with_aux: bool) -> int:
+    """The query-key pairs the packed rows' masks let attention use, the RL rows alone
+    (``with_aux=False``, what GRPO computes) or with the SP and ID rows as ENVRL scores them
+    (joined to the step's row where they continue its prompt, else grouped on their common
+    start): a row of a start of ``s`` tokens and branches of ``b_i`` tokens allows
+    ``s(s+1)/2 + sum_i (b_i s + b_i(b_i+1)/2)`` pairs, each token seeing the start and its own
+    branch's earlier tokens. Attention's work grows with these pairs, not with the tokens."""
+    from envrl.training.policy import extends, shared_start
+
+    def tree(start: int, branches: list[int]) -> int:
+        return start * (start + 1) // 2 + sum(b * start + b * (b + 1) // 2 for b in branches)
+
+    total = 0
+    for sample in samples:
+        step = sample.step
+        prompt = len(step.prompt_ids)
+        branches = [len(c) for c in step.candidate_ids] if step.candidate_ids is not None else [len(step.response_ids)]
+        rows = sample.aux if with_aux else []
+        joined = [a for a in rows if extends(a, step)]
+        rest = [a for a in rows if not any(a is b for b in joined)]
+        branches += [len(a.prompt_ids) + len(a.response_ids) - prompt for a in joined]
+        total += tree(prompt, branches)
+        if rest:
+            start = shared_start(rest)
+            total += tree(start, [len(a.prompt_ids) + len(a.response_ids) - start for a in rest])
+    return total
+
+
 def _response_tokens(step: Any) -> int:
     if step.candidate_ids is not None:
         return sum(len(c) for c in step.candidate_ids)
@@ -236,6 +264,7 @@ def main() -> None:
         "rl_units": int(batch.metrics.get("samples", len(steps))),
         "aux_tokens": batch.metrics.get("aux/tokens"),
         "aux_positions": aux_positions(samples),
+        "attention_pairs": {"grpo": attention_pairs(samples, False), "envrl": attention_pairs(samples, True)},
         "repeats": args.repeats,
     }
     for name, values in runs.items():
@@ -264,6 +293,11 @@ def main() -> None:
         f"RL rows: {round(result['mean_rl_tokens'] * len(steps))} tokens; SP/ID rows: {positions['tokens']} tokens, "
         f"{positions['shared_prefix']} with each transition's common start once, {positions['added']} added to the "
         "passes as scored (in the step's packed row where they continue its prompt)"
+    )
+    pairs = result["attention_pairs"]
+    print(
+        f"attention pairs the masks allow: GRPO {pairs['grpo']}, ENVRL {pairs['envrl']} "
+        f"(x{pairs['envrl'] / pairs['grpo']:.2f}); tokens x{(result['mean_rl_tokens'] * len(steps) + positions['added']) / (result['mean_rl_tokens'] * len(steps)):.2f}"
     )
     print(f"ENVRL / GRPO: time x{result['time_ratio']:.2f}, peak memory x{memory}")
 

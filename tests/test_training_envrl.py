@@ -397,6 +397,31 @@ def test_the_aux_terms_are_the_batchs_token_means_for_any_micro_batch_size(
     assert batch.metrics["weight/sp"] == 0.5 and batch.metrics["weight/id"] == 0.25
 
 
+def test_the_overhead_benchmark_counts_the_attention_pairs_of_packed_rows() -> None:
+    """benchmarks/envrl_overhead.py explains ENVRL's cost by the query-key pairs its rows allow:
+    checked on one step by hand (a token sees the row's start and its own branch's earlier tokens)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "envrl_overhead.py"
+    spec = importlib.util.spec_from_file_location("envrl_overhead", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def row(prompt, response, candidates=None):
+        return SimpleNamespace(prompt_ids=prompt, response_ids=response, candidate_ids=candidates)
+
+    step = row([1, 2, 3, 4], [], candidates=[[5], [6, 7]])
+    sp = row([1, 2, 3, 4, 8, 9], [10, 11, 12])  # continues the step's prompt: joins its row (5 tokens past it)
+    inverse = row([1, 2, 13, 14], [15])  # does not: a row of its own
+    sample = SimpleNamespace(step=step, aux=[sp, inverse])
+    # the prompt (4): 10 pairs; candidates of 1 and 2 tokens: 1*4 + 1 and 2*4 + 3
+    assert bench.attention_pairs([sample], with_aux=False) == 10 + 5 + 11
+    # + SP's 5 tokens past the prompt: 5*4 + 15; the ID row alone (a group of one starts at its prompt
+    # but the last token, 3 tokens, then 2 more): 6 + 2*3 + 3
+    assert bench.attention_pairs([sample], with_aux=True) == 10 + 5 + 11 + 35 + 15
+
+
 # ---- configuration -------------------------------------------------------------------------------
 
 
