@@ -130,6 +130,15 @@ def as_generated(policy: Any, steps: list[Any], thought_tokens: int) -> None:
         step.candidate_ids, step.choice = None, None
 
 
+def _joined_and_rest(sample: Any) -> tuple[list[Any], list[Any]]:
+    """A sample's SP and ID rows that join its step's packed row (they continue its prompt), and
+    the others, which ENVRL groups on their common start."""
+    from envrl.training.policy import extends
+
+    joined = [a for a in sample.aux if extends(a, sample.step)]
+    return joined, [a for a in sample.aux if not any(a is b for b in joined)]
+
+
 def aux_positions(samples: list[Any]) -> dict[str, int]:
     """What the auxiliary rows add to the forward passes: their tokens; the tokens left when each
     transition's SP and ID rows share their common start
@@ -138,7 +147,7 @@ def aux_positions(samples: list[Any]) -> dict[str, int]:
     a row that begins with its step's prompt joins the step's packed row and adds its tokens past
     that prompt only, the others as in the second figure (packed rows of similar length add some
     padding to each)."""
-    from envrl.training.policy import extends, shared_start
+    from envrl.training.policy import shared_start
 
     out = {"tokens": 0, "shared_prefix": 0, "added": 0}
     for sample in samples:
@@ -148,8 +157,7 @@ def aux_positions(samples: list[Any]) -> dict[str, int]:
         lengths = [len(a.prompt_ids) + len(a.response_ids) for a in rows]
         out["tokens"] += sum(lengths)
         out["shared_prefix"] += sum(lengths) - (len(rows) - 1) * shared_start(rows)
-        joined = [a for a in rows if extends(a, step)]
-        rest = [a for a in rows if not any(a is b for b in joined)]
+        joined, rest = _joined_and_rest(sample)
         out["added"] += sum(len(a.prompt_ids) + len(a.response_ids) - len(step.prompt_ids) for a in joined)
         if rest:
             out["added"] += sum(len(a.prompt_ids) + len(a.response_ids) for a in rest)
@@ -164,7 +172,7 @@ def attention_pairs(samples: list[Any], with_aux: bool) -> int:
     start): a row of a start of ``s`` tokens and branches of ``b_i`` tokens allows
     ``s(s+1)/2 + sum_i (b_i s + b_i(b_i+1)/2)`` pairs, each token seeing the start and its own
     branch's earlier tokens. Attention's work grows with these pairs, not with the tokens."""
-    from envrl.training.policy import extends, shared_start
+    from envrl.training.policy import shared_start
 
     def tree(start: int, branches: list[int]) -> int:
         return start * (start + 1) // 2 + sum(b * start + b * (b + 1) // 2 for b in branches)
@@ -174,9 +182,7 @@ def attention_pairs(samples: list[Any], with_aux: bool) -> int:
         step = sample.step
         prompt = len(step.prompt_ids)
         branches = [len(c) for c in step.candidate_ids] if step.candidate_ids is not None else [len(step.response_ids)]
-        rows = sample.aux if with_aux else []
-        joined = [a for a in rows if extends(a, step)]
-        rest = [a for a in rows if not any(a is b for b in joined)]
+        joined, rest = _joined_and_rest(sample) if with_aux else ([], [])
         branches += [len(a.prompt_ids) + len(a.response_ids) - prompt for a in joined]
         total += tree(prompt, branches)
         if rest:
@@ -289,15 +295,16 @@ def main() -> None:
         )
     memory = f"{result['memory_ratio']:.2f}" if result["memory_ratio"] is not None else "n/a"
     positions = result["aux_positions"]
+    rl_tokens = result["mean_rl_tokens"] * len(steps)
     print(
-        f"RL rows: {round(result['mean_rl_tokens'] * len(steps))} tokens; SP/ID rows: {positions['tokens']} tokens, "
+        f"RL rows: {round(rl_tokens)} tokens; SP/ID rows: {positions['tokens']} tokens, "
         f"{positions['shared_prefix']} with each transition's common start once, {positions['added']} added to the "
         "passes as scored (in the step's packed row where they continue its prompt)"
     )
     pairs = result["attention_pairs"]
     print(
         f"attention pairs the masks allow: GRPO {pairs['grpo']}, ENVRL {pairs['envrl']} "
-        f"(x{pairs['envrl'] / pairs['grpo']:.2f}); tokens x{(result['mean_rl_tokens'] * len(steps) + positions['added']) / (result['mean_rl_tokens'] * len(steps)):.2f}"
+        f"(x{pairs['envrl'] / pairs['grpo']:.2f}); tokens x{(rl_tokens + positions['added']) / rl_tokens:.2f}"
     )
     print(f"ENVRL / GRPO: time x{result['time_ratio']:.2f}, peak memory x{memory}")
 

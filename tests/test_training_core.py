@@ -447,7 +447,9 @@ def test_a_process_whose_accelerator_autocasts_is_refused_not_followed(tiny_chec
 
     sets = [f"policy.model={tiny_checkpoint}", f"out={tmp_path / 'out'}", "policy.device=cpu"]
     config = build_config("grpo", "textworld", algorithm_config=GRPOConfig, sets=sets)
-    Trainer(config).close()  # float32, no autocast
+    fresh = Trainer(config)
+    fresh.close()
+    assert fresh.accelerator.mixed_precision == "no"  # float32, no autocast
     AcceleratorState._reset_state(reset_partial_state=True)  # as in a new process
     try:
         Accelerator(cpu=True, mixed_precision="bf16")
