@@ -11,6 +11,8 @@ EVAL = $(BIN)/envrl eval --workers $(WORKERS) --runs-dir $(RUNS_DIR)
 TRAIN_DIR ?= runs/demo-train
 TW_CUSTOM = --env textworld --max-steps 15 --env-arg 'families=["custom"]' --episodes 34
 CPU_CONFIG = benchmarks/configs/textworld_cpu.yaml
+# the diagnostic tasks (docs/diagnostics.md), at their default difficulty
+DIAGNOSTICS = diag-chain diag-dynamics diag-alternatives diag-generalization
 
 # Tests: fast ones by default; CI (CI=true) runs all of them: slow, browser and container too.
 ifeq ($(CI),true)
@@ -29,8 +31,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,webshop,browser,scienceworld,ray,train,llm,web,trl,openenv,verifiers]'
 	touch $(STAMP)
 
-# Random and expert agents on the ID and OOD splits of ALFWorld, WebShop, TextWorld and ScienceWorld,
-# then a short training run, then the leaderboard. (TextWorld and ScienceWorld: 30 episodes per split;
+# Random and expert agents on the ID and OOD splits of ALFWorld, WebShop, TextWorld, ScienceWorld and
+# the four diagnostics (200 episodes each, about a second a run), then a short training run, then the leaderboard. (TextWorld and ScienceWorld: 30 episodes per split;
 # ScienceWorld's 30 cover all 30 tasks; TextWorld's games are generated on first use, ~1 min per split.)
 # Training (a few minutes on 2 cores): a from-scratch model learns TextWorld's custom quests by SFT on
 # 60 expert episodes; it is evaluated before and after (agents sft-demo@0 and sft-demo@50) beside
@@ -52,6 +54,8 @@ demo: $(STAMP)
 	$(EVAL) --env scienceworld --split test --agent expert --episodes 30
 	$(EVAL) --env scienceworld --split dev --agent random --episodes 30
 	$(EVAL) --env scienceworld --split test --agent random --episodes 30
+	for env in $(DIAGNOSTICS); do for split in valid test_ood; do for agent in expert random; do \
+		$(EVAL) --env $$env --split $$split --agent $$agent --episodes 200 || exit 1; done; done; done
 	$(EVAL) $(TW_CUSTOM) --split valid --agent random
 	$(EVAL) $(TW_CUSTOM) --split test_ood --agent random
 	$(EVAL) $(TW_CUSTOM) --split valid --agent expert

@@ -2,8 +2,9 @@
 
 Episode ends are final (after ``terminated`` or ``truncated`` no step reaches the engine or
 changes the outcome), ``close()`` is final, and ``reset(options=...)`` checks its argument.
-Each test runs on all four envs, with small tasks: ALFWorld's official samples, WebShop's
-built-in catalog, one generated TextWorld game and one ScienceWorld variation.
+Each test runs on every env, with small tasks: ALFWorld's official samples, WebShop's
+built-in catalog, one generated TextWorld game, one ScienceWorld variation and a task of each
+diagnostic whose expert takes more than two moves.
 """
 
 from __future__ import annotations
@@ -18,11 +19,30 @@ import numpy as np
 import pytest
 from conftest import TEXTWORLD_PLAYED
 
-import envrl  # noqa: F401  (registers the ids)
+import envrl
 from envrl.agents import make_agent
 from envrl.envs.base import EPISODE_OVER_FEEDBACK, TextEnv
 
-ENV_NAMES = ("alfworld", "webshop", "textworld", "scienceworld")
+DIAGNOSTICS = ("diag-chain", "diag-dynamics", "diag-alternatives", "diag-generalization")
+ENV_NAMES = ("alfworld", "webshop", "textworld", "scienceworld", *DIAGNOSTICS)
+#: where each diagnostic has tasks longer than two moves (the default Dynamics panel starts with at
+#: most 2 lights off, an ID table has at most 2 targets)
+DIAGNOSTIC_KWARGS: dict[str, dict[str, Any]] = {
+    "diag-dynamics": {"rules": 6},
+    "diag-generalization": {"split": "test_ood"},
+}
+
+
+def _long_diagnostic_task(name: str) -> str:
+    """The first task of a diagnostic whose expert plan takes more than 2 moves."""
+    probe = gym.make(
+        envrl.envs.ENV_IDS[name], expert_plan=True, **{"split": "train", **DIAGNOSTIC_KWARGS.get(name, {})}
+    )
+    task_id = next(
+        t for t in probe.unwrapped.task_ids if len(probe.reset(options={"task_id": t})[1]["expert_plan"]) > 2
+    )
+    probe.close()
+    return task_id
 
 
 @pytest.fixture
@@ -41,6 +61,9 @@ def make_env(request, tw_cache) -> Callable[..., tuple[gym.Env, str]]:
         elif name == "textworld":
             env = gym.make("envrl/TextWorld-v0", split="train", cache_dir=tw_cache, **kwargs)
             task_id = "tw-custom:train:0"
+        elif name in DIAGNOSTICS:
+            env = gym.make(envrl.envs.ENV_IDS[name], **{"split": "train", **DIAGNOSTIC_KWARGS.get(name, {}), **kwargs})
+            task_id = _long_diagnostic_task(name)
         else:
             env = gym.make("envrl/ScienceWorld-v0", task="4-2", split="dev", java_heap="256m", **kwargs)
             task_id = "4-2:150"

@@ -78,6 +78,10 @@ EXAMPLE_ACTIONS = {
     "webshop": "search[red running shoes]",
     "scienceworld": "look around",
     "textworld": "go north",
+    "diag-chain": "open the left door",
+    "diag-dynamics": "press the star button",
+    "diag-alternatives": "press the star button",
+    "diag-generalization": "take the kettle",
 }
 
 

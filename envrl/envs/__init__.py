@@ -13,12 +13,23 @@ from typing import Any
 
 import gymnasium as gym
 
+from envrl.envs.diagnostics.base import SPLIT_KINDS as DIAGNOSTIC_SPLIT_KINDS
+
 #: short name -> (Gymnasium id, entry point, default step limit)
 ENVIRONMENTS = {
     "alfworld": ("envrl/ALFWorld-v0", "envrl.envs.alfworld.env:ALFWorldEnv", 50),
     "webshop": ("envrl/WebShop-v0", "envrl.envs.webshop.env:WebShopEnv", 15),
     "textworld": ("envrl/TextWorld-v0", "envrl.envs.textworld.env:TextWorldEnv", 50),
     "scienceworld": ("envrl/ScienceWorld-v0", "envrl.envs.scienceworld.env:ScienceWorldEnv", 100),
+    # the diagnostics (docs/diagnostics.md) end every episode with their own move budget first
+    "diag-chain": ("envrl/Diag-Chain-v0", "envrl.envs.diagnostics.chain:ChainEnv", 200),
+    "diag-dynamics": ("envrl/Diag-Dynamics-v0", "envrl.envs.diagnostics.switchboard:DynamicsEnv", 200),
+    "diag-alternatives": ("envrl/Diag-Alternatives-v0", "envrl.envs.diagnostics.switchboard:AlternativesEnv", 200),
+    "diag-generalization": (
+        "envrl/Diag-Generalization-v0",
+        "envrl.envs.diagnostics.generalization:GeneralizationEnv",
+        200,
+    ),
 }
 ENV_IDS = {name: env_id for name, (env_id, _, _) in ENVIRONMENTS.items()}
 
@@ -35,6 +46,7 @@ SPLIT_KINDS: dict[str, dict[str, str]] = {
     "webshop": {"train": "ID", "eval": "ID", "test": "ID", "test_ood": "OOD"},
     "scienceworld": {"train": "ID", "dev": "ID", "test": "OOD"},
     "textworld": {"train": "ID", "valid": "ID", "test_ood": "OOD"},
+    **{name: dict(DIAGNOSTIC_SPLIT_KINDS) for name in ENVIRONMENTS if name.startswith("diag-")},
 }
 
 

@@ -23,6 +23,11 @@ ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
     "webshop": ("flask", "bm25s", "rapidfuzz"),
     "scienceworld": ("scienceworld",),
     "textworld": ("textworld",),
+    # the diagnostics are envrl's own pure-Python code (envrl's version is recorded with every run)
+    "diag-chain": (),
+    "diag-dynamics": (),
+    "diag-alternatives": (),
+    "diag-generalization": (),
 }
 
 #: packages whose versions can change an LLM agent's answers, by agent kind (the spec's prefix)

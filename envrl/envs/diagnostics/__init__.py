@@ -1,0 +1,43 @@
+"""Diagnostic tasks: small procedurally generated text tasks, each isolating one trainer
+mechanism (credit assignment, dynamics, alternatives, generalisation); see docs/diagnostics.md.
+
+``random_success`` gives the random agent's exact expected success on a split (the mean of each
+task's exact chance), which the leaderboard's random rows are checked against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from envrl.envs.diagnostics.base import SPLIT_KINDS, SPLIT_SIZES, SPLITS, DiagnosticEnv, Game, Outcome
+from envrl.envs.diagnostics.chain import ChainEnv, chain_random_success
+from envrl.envs.diagnostics.generalization import GeneralizationEnv, table_random_success
+from envrl.envs.diagnostics.switchboard import AlternativesEnv, DynamicsEnv, panel_random_success
+
+__all__ = [
+    "SPLITS",
+    "SPLIT_KINDS",
+    "SPLIT_SIZES",
+    "AlternativesEnv",
+    "ChainEnv",
+    "DiagnosticEnv",
+    "DynamicsEnv",
+    "Game",
+    "GeneralizationEnv",
+    "Outcome",
+    "chain_random_success",
+    "panel_random_success",
+    "random_success",
+    "table_random_success",
+]
+
+
+def random_success(env: DiagnosticEnv, task_ids: Sequence[str] | None = None) -> float:
+    """The random agent's exact expected success over ``task_ids`` (default: the whole split)
+    of a diagnostic env (``gym.make(...).unwrapped``)."""
+    if not isinstance(env, DiagnosticEnv):
+        raise TypeError(f"random_success takes a diagnostic env (gym.make(...).unwrapped), got {type(env).__name__}")
+    ids = list(env.task_ids if task_ids is None else task_ids)
+    if not ids:
+        raise ValueError("random_success needs at least one task id")
+    return sum(env.task_random_success(task_id) for task_id in ids) / len(ids)
