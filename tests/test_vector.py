@@ -1,9 +1,9 @@
 """Vector envs, the contract: per-env seeds, batched text, same-step autoreset, lost workers
 replaced without touching the other envs, clean shutdown.
 
-Each contract test runs once per back end (the ``backend`` fixture: worker processes, and Ray
-actors on a local Ray instance of this module's own; the Ray ones skip where Ray is not
-installed). Back-end-specific tests are marked as such below (subprocess) or live in
+Each contract test runs once per back end (the ``backend`` fixture: worker processes, Ray
+actors on a local Ray instance of this module's own, and the in-process back end; the Ray ones
+skip where Ray is not installed, and tests of worker processes skip the in-process one). Back-end-specific tests are marked as such below (subprocess) or live in
 tests/test_vector_ray.py (Ray), which shares :func:`ray_instance` and the helpers here.
 """
 
@@ -67,6 +67,12 @@ def backend(request) -> str:
     if request.param == "ray":
         request.getfixturevalue("ray_instance")
     return request.param
+
+
+def needs_workers(backend: str) -> None:
+    """Skip a test of worker processes (killing, hanging, reaping) on the in-process back end."""
+    if backend == "inline":
+        pytest.skip("the inline back end has no worker processes")
 
 
 @pytest.fixture()
@@ -215,6 +221,7 @@ KILLED_ERROR = {"subprocess": "SIGKILL", "ray": "Ray actor lost"}
 
 
 def test_killed_worker_is_replaced_and_the_other_episode_goes_on(make, backend):
+    needs_workers(backend)
     killed = []
 
     def sigkill(vec, i):
@@ -260,8 +267,9 @@ def test_bad_kwargs_raise_the_env_error(make):
         make(fakes.ENV_ID, 2, split="no-such-split")
 
 
-def test_replacements_that_keep_failing_give_up(make):
+def test_replacements_that_keep_failing_give_up(make, backend):
     """When new workers cannot even build the env, the vector env stops with WorkerLost."""
+    needs_workers(backend)
     vec = make(fakes.ENV_ID, 2, split="train")
     try:
         vec.reset(seed=0)
@@ -274,7 +282,8 @@ def test_replacements_that_keep_failing_give_up(make):
         vec.close()
 
 
-def test_close_stops_every_worker(make):
+def test_close_stops_every_worker(make, backend):
+    needs_workers(backend)
     vec = make(fakes.ENV_ID, 3, split="train")
     pids = vec.pids
     vec.reset(seed=0)
@@ -367,6 +376,25 @@ def test_lazy_info_values_are_read_before_the_autoreset(make):
 
 
 # ---- make_vec's arguments ----------------------------------------------------------------------
+
+
+def test_inline_back_end_plays_what_worker_processes_play_and_takes_no_timeout():
+    """The in-process back end against worker processes on a diagnostic: the same batches."""
+    vecs = [make_vec("diag-chain", 4, backend=backend, split="train", length=3) for backend in ("subprocess", "inline")]
+    try:
+        assert vecs[1].pids == [os.getpid()] * 4
+        batches = [vec.reset(seed=11) for vec in vecs]
+        for step in range(12):
+            assert batches[0][0] == batches[1][0] and list(batches[0][-1]["task_id"]) == list(batches[1][-1]["task_id"])
+            actions = ["open the left door" if (step + i) % 3 else "open the right door" for i in range(4)]
+            batches = [vec.step(actions) for vec in vecs]
+            assert batches[0][1].tolist() == batches[1][1].tolist()
+            assert batches[0][2].tolist() == batches[1][2].tolist()
+    finally:
+        for vec in vecs:
+            vec.close()
+    with pytest.raises(ValueError, match="cannot interrupt a step, so it takes no timeout"):
+        make_vec("diag-chain", 2, backend="inline", timeout=5.0, split="train")
 
 
 def test_bad_arguments():

@@ -1,9 +1,10 @@
 """Vector environments: many envrl envs stepped together, each in a worker of its own.
 
-One interface, two back ends::
+One interface, three back ends::
 
     vec = make_vec("alfworld", 8, split="train")                     # worker processes
     vec = make_vec("alfworld", 64, backend="ray", ray_address="auto")  # Ray actors
+    vec = make_vec("diag-chain", 32, backend="inline")                # in this process (cheap envs)
 
 Both return a :class:`TextVectorEnv`, a ``gymnasium.vector.VectorEnv`` with:
 
@@ -44,7 +45,9 @@ Back ends
     :class:`SubprocessVectorEnv` (:mod:`~envrl.envs.vector.subprocess_backend`) gives each env
     a process of its own on this machine; :class:`RayVectorEnv`
     (:mod:`~envrl.envs.vector.ray_backend`) puts one actor per env anywhere on a Ray cluster
-    (Ray is optional: that module, and Ray, are imported only when first used).
+    (Ray is optional: that module, and Ray, are imported only when first used);
+    :class:`~envrl.envs.vector.inline_backend.InlineVectorEnv` keeps every env in the caller's
+    process, for envs cheaper than a pipe round trip (no isolation, no ``timeout``).
 
 The contract above, shared by the back ends, is :mod:`~envrl.envs.vector.base`
 (:class:`TextVectorEnv` in the caller, :class:`EnvHost` in each worker).
@@ -86,7 +89,7 @@ __all__ = [
     "make_vec",
 ]
 
-BACKENDS = ("subprocess", "ray")
+BACKENDS = ("subprocess", "ray", "inline")
 
 
 def make_vec(
@@ -133,6 +136,12 @@ def make_vec(
         )
     if ray_address is not None or num_cpus is not None or ray_init_kwargs is not None:
         raise ValueError("ray_address, num_cpus and ray_init_kwargs only apply to backend='ray'")
+    if backend == "inline":
+        from envrl.envs.vector.inline_backend import InlineVectorEnv
+
+        return InlineVectorEnv(
+            gym_id, num_envs, env_kwargs, timeout=timeout, start_timeout=start_timeout, autoreset=autoreset
+        )
     return SubprocessVectorEnv(
         gym_id, num_envs, env_kwargs, timeout=timeout, start_timeout=start_timeout, autoreset=autoreset
     )
