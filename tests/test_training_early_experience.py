@@ -251,12 +251,15 @@ def test_follow_up_prompts_continue_the_policys_messages_and_never_show_their_ta
         FollowUpTemplate.from_dict(leak)
 
 
-def test_inverse_dynamics_targets_the_action_in_the_policys_response_format(tiny_checkpoint: Path) -> None:
+def test_inverse_dynamics_targets_the_actions_tokens_in_the_policys_response_format(tiny_checkpoint: Path) -> None:
+    """The answer is tokenised whole, as the policy writes it; the tags before the action end the
+    prompt and only the action's tokens are scored (the tiny tokenizer merges ``>`` into ``>go``)."""
     policy = _trainer(tiny_checkpoint).policy
     template = load_world_model_template("inverse-dynamics")
     sample = inverse_dynamics_sample(policy, template, "T", [], "O", "P", "go  east")
-    assert sample.response_ids == policy.encode_response("<action>go  east</action>")
-    assert sample.prompt_ids == policy.encode_prompt(template.inverse_dynamics_messages("T", [], "O", "P"))
+    answer = policy.encode_response("<action>go  east</action>")
+    assert sample.prompt_ids == policy.encode_prompt(template.inverse_dynamics_messages("T", [], "O", "P")) + answer[:2]
+    assert sample.response_ids == answer[2:-4]  # ">go", " ", " ", "e", "as", "t"
 
 
 # ---- IWM -------------------------------------------------------------------------------------

@@ -201,17 +201,23 @@ def test_sp_scores_the_next_observation_and_id_the_action(mode: str, tiny_checkp
         {"role": "assistant", "content": "<action>?</action>"},
         {"role": "user", "content": "You take the key from the chest.\n\nWhich action is the '?'?"},
     ]
-    assert sp.prompt_ids == policy.encode_prompt(sp_messages)
-    assert inverse.prompt_ids == policy.encode_prompt(id_messages)
-    assert sp.prompt_ids[: len(prompt)] == prompt and inverse.prompt_ids[: len(prompt)] == prompt
     tokens = policy.tokenizer
     next_tokens = tokens("You take the key from the chest.", add_special_tokens=False)["input_ids"]
-    action_tokens = tokens("<action>take key from chest</action>", add_special_tokens=False)["input_ids"]
-    assert sp.response_ids == next_tokens + [policy.end_id]
-    assert inverse.response_ids == action_tokens + [policy.end_id]
+    answer = tokens("<action>take key from chest</action>", add_special_tokens=False)["input_ids"]
+    # ID scores the action's tokens only: the answer's "<", "action" end its prompt (BPE merged the
+    # tag's ">" with the action's "t": that token is scored), "</", "action", ">" and the end of
+    # turn are dropped (tests/test_dynamics_targets.py checks the formats by hand)
+    assert [tokens.decode([i]) for i in answer[:3]] == ["<", "action", ">t"]
+    assert tokens.decode(answer[-3:]) == "</action>"
+    assert sp.prompt_ids == policy.encode_prompt(sp_messages)
+    assert inverse.prompt_ids == policy.encode_prompt(id_messages) + answer[:2]
+    assert sp.prompt_ids[: len(prompt)] == prompt and inverse.prompt_ids[: len(prompt)] == prompt
+    assert sp.response_ids == next_tokens + [policy.end_id]  # SP keeps its end-of-turn token
+    assert inverse.response_ids == answer[2:-3]
+    assert tokens.decode(inverse.response_ids) == ">take key from chest"
     with torch.no_grad():
         scores = policy.logprobs([sp, inverse], temperature=1.0)
-    assert scores.mask.sum(1).tolist() == [len(next_tokens) + 1, len(action_tokens) + 1]
+    assert scores.mask.sum(1).tolist() == [len(next_tokens) + 1, len(answer) - 5]
     # a prompt cut to the context (its start dropped) is continued as the policy saw it
     cut = envrl.aux_samples(policy, dataclasses.replace(step, prompt_ids=prompt[4:]))
     assert [a.prompt_ids for a in cut] == [a.prompt_ids[4:] for a in (sp, inverse)]
@@ -250,13 +256,16 @@ def test_the_shared_start_pair_writes_the_state_identically(tiny_checkpoint: Pat
     assert sp.prompt_ids == policy.encode_prompt(
         [{"role": "system", "content": system}, {"role": "user", "content": sp_user}]
     )
-    assert inverse.prompt_ids == policy.encode_prompt(
-        [{"role": "system", "content": system}, {"role": "user", "content": id_user}]
-    )
+    answer = policy.encode_response("<action>take key from chest</action>")
+    id_question = policy.encode_prompt([{"role": "system", "content": system}, {"role": "user", "content": id_user}])
+    assert inverse.prompt_ids == id_question + answer[:2]  # "<", "action": the format text before the action
     shared = policy.tokenizer.decode(sp.prompt_ids[: common_prefix_length([sp.prompt_ids, inverse.prompt_ids])])
     assert system in shared and shared.rstrip().endswith(state.rstrip())  # up to "> " (a BPE merge aside)
     assert sp.response_ids == policy.encode_response("You take the key from the chest.")
-    assert inverse.response_ids == policy.encode_response("<action>take key from chest</action>")
+    # the action's tokens ("<", "action" end the prompt, ">t" carries the action's "t"), the
+    # closing tag and the end-of-turn token dropped
+    assert inverse.prompt_ids[-2:] + inverse.response_ids == answer[:-4]
+    assert policy.tokenizer.decode(inverse.response_ids) == ">take key from chest"
 
 
 def test_only_format_valid_steps_that_continue_are_transitions(tiny_checkpoint: Path) -> None:

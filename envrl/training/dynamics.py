@@ -5,13 +5,21 @@ its actions:
 
 * state prediction, ``-log p(s' | s, a)``: IWM's first stage (Early Experience, Zhang et al.,
   2025) and ENVRL's SP loss; the target is the next observation as the env wrote it;
-* inverse dynamics, ``-log p(a | s, s')``: ENVRL's ID loss; the target is the action, written
-  in the policy template's response format (what :func:`~envrl.agents.prompts.parse_response`
-  reads), so the model names actions exactly as it does when it acts.
+* inverse dynamics, ``-log p(a | s, s')``: ENVRL's ID loss; the target is the action's tokens
+  only. The answer is written in the policy template's response format (what
+  :func:`~envrl.agents.prompts.parse_response` reads), so the model names actions exactly as it
+  does when it acts, but the format's text is not scored: the response is tokenized once, whole
+  (as the policy writes it), the tokens before the action's (``<action>``, or
+  ``<think></think><action>``) end the prompt, and the tokens after it (``</action>`` and the
+  end-of-turn token) are dropped, which changes no scored token's log-prob in a causal model.
+  Where BPE merged the action's first or last character with a tag's into one token (``>t`` of
+  ``<action>take``), that token is scored as the action's
+  (:meth:`~envrl.training.policy.Policy.encode_response_span`).
 
-Both are token cross-entropies on the target's tokens plus the end-of-turn token
-(:meth:`~envrl.training.policy.Policy.encode_response`), never on the prompt's. The prompts
-are templates (data, like the agents' templates): a JSON file with a ``kind``
+Both are token cross-entropies on the target's tokens, never on the prompt's; state prediction's
+target also ends with the end-of-turn token (:meth:`~envrl.training.policy.Policy.encode_response`),
+which the action is not followed by. The prompts are templates (data, like the agents'
+templates): a JSON file with a ``kind``
 (``state-prediction`` or ``inverse-dynamics``), a ``system`` string and a ``user`` string
 with :meth:`str.format` fields, and a ``history_turn`` string for each past turn. Two such pairs
 ship with envrl: ``world-model`` (state prediction, IWM's) and ``inverse-dynamics``, each with its
@@ -40,7 +48,8 @@ Follow-up templates
       is ``s_{t+1}``;
     * inverse dynamics: the assistant turn hides the action (``{hidden_response}``, the response
       format with ``?`` for the action), the user turn shows ``{next_observation}`` and asks
-      which action it was, the target is the response that gives ``a_t``.
+      which action it was, the target is the action ``a_t`` in the answer that gives it (its
+      format's text before the action ends the prompt, as above).
 
     So both rows begin with the policy's prompt token for token (the tokens after it are
     appended to the prompt the policy saw, cut or not; :func:`follow_up_prompt_ids`), and
@@ -418,13 +427,33 @@ def inverse_dynamics_sample(
     state_messages: Sequence[Message] = (),
     state_ids: Sequence[int] | None = None,
 ) -> TargetSample:
-    """``-log p(action | s, next_observation)``, the action in the policy template's response
-    format; a follow-up template continues ``state_messages`` as for state prediction."""
+    """``-log p(action | s, next_observation)`` on the action's tokens only: the answer is the
+    action in the policy template's response format, tokenized whole, its tokens before the
+    action appended to the prompt and those after it (the closing tag, the end-of-turn token)
+    dropped (see the module docstring); a follow-up template continues ``state_messages`` as for
+    state prediction."""
     state = (instruction, history_turns, observation, next_observation)
     messages = inverse_dynamics_messages(template, policy.template, policy.config.history, *state, state_messages)
     prompt = _prompt_ids(policy, template, messages, state_messages, state_ids)
-    response = policy.encode_response(policy.template.format_response(str(action)))
-    return TargetSample(prompt, response, "inverse_dynamics")
+    text, start, end = action_span(policy.template, str(action))
+    if end == start:
+        raise ValueError("an inverse-dynamics target needs an action: the empty one has no tokens to score")
+    ids, first, last = policy.encode_response_span(text, start, end)
+    return TargetSample(prompt + ids[:first], ids[first:last], "inverse_dynamics")
+
+
+#: what :func:`action_span` formats to find where a response format puts its action
+_ACTION_MARK = "\x00"
+
+
+def action_span(response_template: Any, action: str) -> tuple[str, int, int]:
+    """The response that gives ``action`` in ``response_template``'s format
+    (:meth:`~envrl.agents.prompts.PromptTemplate.format_response`) and the characters
+    ``[start, end)`` of it that are the action."""
+    before, mark, after = response_template.format_response(_ACTION_MARK).partition(_ACTION_MARK)
+    if not mark:
+        raise TemplateError(f"prompt template {response_template.name!r} writes responses without their action")
+    return before + action + after, len(before), len(before) + len(action)
 
 
 def _prompt_ids(

@@ -134,6 +134,21 @@ class Policy:
     def encode_response(self, text: str) -> list[int]:
         return self.backend.encode_response(text)
 
+    def encode_response_span(self, text: str, start: int, end: int) -> tuple[list[int], int, int]:
+        """``text`` encoded as :meth:`encode_response` encodes it (its tokens, then the end-of-turn
+        token) and the token span ``[first, last)`` that writes its characters ``text[start:end]``:
+        the tokens that carry any of them (none for an empty span). The text is tokenized once,
+        whole, so the tokens are the ones the policy writes; where BPE merged a character of the
+        span with one beside it into one token (``>t`` in ``<action>take``), that token is in the
+        span, since it cannot be split without changing them. The end-of-turn token is never in it."""
+        ids = self.encode_response(text)
+        bounds = _token_bounds(self.tokenizer, text, ids[:-1])
+        first = next((k for k, (_, stop) in enumerate(bounds) if stop > start), len(bounds))
+        if end <= start:
+            return ids, first, first
+        last = next((k for k in range(first, len(bounds)) if bounds[k][0] >= end), len(bounds))
+        return ids, first, last
+
     # ---- learning --------------------------------------------------------------------------
 
     def logprobs(self, samples: Sequence[ScoredSample], model: Any = None, temperature: float | None = None) -> Scores:
@@ -387,6 +402,26 @@ def shared_start(samples: Sequence[ScoredSample]) -> int:
     prompt to predict its response's first token from)."""
     rows = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
     return max(0, min([common_prefix_length(rows)] + [len(s.prompt_ids) - 1 for s in samples]))
+
+
+def _token_bounds(tokenizer: Any, text: str, ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Each of ``ids`` (``text``'s tokens, no special tokens) as the characters ``[begin, end)`` of
+    ``text`` it writes: a fast tokenizer's offsets, else the lengths of the decoded prefixes."""
+    if getattr(tokenizer, "is_fast", False):
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(encoded["input_ids"]) == list(ids):
+            return [(int(begin), int(stop)) for begin, stop in encoded["offset_mapping"]]
+    if tokenizer.decode(list(ids), clean_up_tokenization_spaces=False) != text:
+        raise ValueError(
+            f"the tokenizer does not decode its tokens of {text!r} back to it: cannot place its characters"
+        )
+    bounds, begin = [], 0
+    for k in range(len(ids)):
+        # max: a prefix that ends inside a character decodes it as a replacement character
+        stop = max(begin, len(tokenizer.decode(list(ids[: k + 1]), clean_up_tokenization_spaces=False)))
+        bounds.append((begin, stop))
+        begin = stop
+    return bounds
 
 
 def _pad(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> Scores:

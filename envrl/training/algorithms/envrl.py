@@ -9,9 +9,12 @@ sampling and no separate model:
 
 * state prediction (SP), ``-log p(s_{t+1} | s_t, a_t)``: the target is the next observation's
   tokens (and the end-of-turn token), the prompt the ``follow-up-state-prediction`` template;
-* inverse dynamics (ID), ``-log p(a_t | s_t, s_{t+1})``: the target is the action written in
-  the policy template's response format (as the policy writes it when it acts), the prompt
-  the ``follow-up-inverse-dynamics`` template.
+* inverse dynamics (ID), ``-log p(a_t | s_t, s_{t+1})``: the target is the action's tokens
+  only, the prompt the ``follow-up-inverse-dynamics`` template. The answer is written in the
+  policy template's response format (as the policy writes it when it acts), tokenized whole:
+  its format text before the action (``<action>``, ``<think></think><action>``) ends the
+  prompt, the closing tag and the end-of-turn token are not scored
+  (:func:`~envrl.training.dynamics.inverse_dynamics_sample`).
 
 Both default prompts are follow-ups (:mod:`envrl.training.dynamics`): they continue the policy's
 own prompt at ``s_t`` (the messages and tokens :class:`~envrl.training.rollout.StepSample`
@@ -44,10 +47,10 @@ Scored with the RL rows
     the micro-batches it would see). In choose mode a step is one packed row, its prompt then
     the admissible actions, in generate mode its prompt then its response (packed only when rows
     join it); the default SP and ID rows begin with that prompt, so they join the row as two more
-    branches and add only their own tokens (the closing turn, the question and the target): no
-    extra forward pass, and ``s_t`` is computed once for all three objectives. Rows that do not
-    begin with the step's prompt (other templates) are scored in one more pass, a transition's
-    rows as one packed row with their common start once
+    branches and add only their own tokens (the closing turn, the question, ID's format text
+    before the action, and the target): no extra forward pass, and ``s_t`` is computed once for
+    all three objectives. Rows that do not begin with the step's prompt (other templates) are
+    scored in one more pass, a transition's rows as one packed row with their common start once
     (:meth:`~envrl.training.policy.Policy.shared_prefix_logprobs`). Either way each row's tokens
     are scored exactly as if it ran alone, up to float rounding.
 
