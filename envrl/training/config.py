@@ -55,7 +55,7 @@ class RolloutConfig:
     groups: int = 2  # tasks per update; each played by group_size envs
     group_size: int = 8  # G: rollouts of one task with one seed
     max_steps: int = 0  # episode step limit (0: the env's default)
-    backend: str = "subprocess"  # make_vec back end: subprocess or ray
+    backend: str = "subprocess"  # make_vec back end: subprocess, ray or inline (cheap envs; step_timeout null)
     ray_address: str | None = None
     step_timeout: float | None = 300.0  # seconds an env may take to answer before its worker is replaced
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # for gym.make (e.g. families: [custom])
