@@ -1,0 +1,103 @@
+"""benchmarks/scorecard.py's arithmetic and bookkeeping (not its training): the per-seed t
+intervals against hand-computed values, paired comparisons, the sanity rules, a failed cell
+marked with its reason while the rest of the table stands, and the grid's order."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "scorecard.py"
+
+
+@pytest.fixture(scope="module")
+def scorecard():
+    spec = importlib.util.spec_from_file_location("scorecard", PATH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["scorecard"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("scorecard", None)
+
+
+def result(method: str, diagnostic: str, value: int, seed: int, valid: int, ood: int, episodes: int = 10) -> dict:
+    return {
+        "cell": {"method": method, "diagnostic": diagnostic, "value": value, "seed": seed},
+        "status": "ok",
+        "seconds": 1.0,
+        "rates": {
+            "valid": {"successes": valid, "episodes": episodes},
+            "test_ood": {"successes": ood, "episodes": episodes},
+        },
+    }
+
+
+def test_seed_intervals_are_students_t_over_the_per_seed_rates(scorecard):
+    # mean 0.6, sd 0.1, half-width t(2) * 0.1 / sqrt(3) = 4.303 * 0.057735 = 0.248434
+    mean, low, high = scorecard.seed_interval([0.5, 0.6, 0.7])
+    assert (
+        mean == pytest.approx(0.6)
+        and low == pytest.approx(0.351566, abs=1e-5)
+        and high == pytest.approx(0.848434, abs=1e-5)
+    )
+    assert scorecard.seed_interval([0.9, 1.0, 1.0])[2] == 1.0  # clipped to [0, 1]
+    assert scorecard.seed_interval([0.4]) == (0.4, 0.4, 0.4)
+    # paired: differences 0.4, 0.2, 0.3 -> the same half-width around 0.3, which excludes 0
+    diff, low, high = scorecard.paired_interval([0.9, 0.8, 1.0], [0.5, 0.6, 0.7])
+    assert (
+        diff == pytest.approx(0.3)
+        and low == pytest.approx(0.051566, abs=1e-5)
+        and high == pytest.approx(0.548434, abs=1e-5)
+    )
+
+
+def test_a_failed_cell_is_named_and_the_rest_of_the_table_stands(scorecard):
+    results = [result("grpo", "diag-chain", 1, s, 10, 9) for s in (0, 1, 2)]
+    results += [result("gigpo", "diag-chain", 1, s, v, 5) for s, v in ((0, 6), (1, 7), (2, 8))]
+    results += [result("sft", "diag-chain", 1, s, 9, 4) for s in (0, 1)]
+    results.append({**result("sft", "diag-chain", 1, 2, 0, 0), "status": "failed", "reason": "ConfigError: no data"})
+    table = scorecard.summarise(results, [0, 1, 2])
+    sft = table["sft/diag-chain/1"]
+    assert sft["failed"] == {"2": "ConfigError: no data"} and sft["ID"]["per_seed"] == [0.9, 0.9]
+    assert table["gigpo/diag-chain/1"]["ID"]["mean"] == pytest.approx(0.7)
+    (compare,) = scorecard.comparisons(table, [0, 1, 2])
+    assert (compare["a"], compare["b"], compare["seeds"]) == ("gigpo", "grpo", 3)
+    assert compare["ID"]["diff"] == pytest.approx(-0.3) and compare["ID"]["resolved"]
+    checks = {c["rule"].split(" ")[0]: c for c in scorecard.sanity(table)}
+    assert checks["grpo"]["status"] == "pass" and checks["gigpo"]["status"] == "FAIL"
+    assert checks["sft"]["status"] == "pass"  # 2 finished seeds at 90%
+    text = scorecard.markdown(
+        table,
+        [compare],
+        list(checks.values()),
+        {"command": "x", "seeds": 3, "wall_minutes": 1.0, "budget": {"eval_episodes": 10}},
+    )
+    assert "| sft | 90 [90, 90] (1 failed) |" in text
+    assert "| gigpo - grpo | diag-chain 1 | -30.0 [" in text and "**resolved**" in text
+    assert "- FAIL: gigpo learns diag-chain length 1 to >= 90% (ID) (got 70)" in text
+
+
+def test_a_cell_that_cannot_start_is_recorded_as_failed(scorecard, tmp_path):
+    cell = scorecard.Cell("sft", "diag-chain", 1, 0)
+    got = scorecard.run_cell(cell, scorecard.Paths(tmp_path))
+    assert got["status"] == "failed" and got["reason"]
+    assert scorecard.Paths(tmp_path).cell_file(cell).is_file()
+
+
+def test_the_grid_runs_the_easiest_level_of_every_diagnostic_first(scorecard):
+    args = argparse.Namespace(
+        select=False,
+        diagnostics=["diag-chain", "diag-dynamics"],
+        values={},
+        seeds=[0],
+        methods=["sft", "grpo-from-sft"],
+    )
+    cells = scorecard.grid(args)
+    assert [(c.diagnostic, c.value) for c in cells[:2]] == [("diag-chain", 1), ("diag-dynamics", 2)]
+    assert all(c.method == "sft" for c in cells)  # grpo-from-sft runs on the alternatives task only
+    assert cells[0].name == "sft-diag-chain-l1-s0" and cells[0].env_kwargs == {"length": 1}
