@@ -2,7 +2,7 @@
 
 The games these tests play are generated once per session into a temporary cache (passed as
 ``cache_dir=``, never through ``$ENVRL_CACHE``, so other test modules keep their caches): the
-first game of each family in each split, 9 games, ~20 s on 2 cores. A temporary cache keeps the
+first game of each family in each split, 12 games, ~30 s on 2 cores. A temporary cache keeps the
 run hermetic (every run exercises TextWorld's generator, compiler and the verification, and
 nothing depends on what an older generator left in ``~/.cache``); generation is cheap enough
 for that. Tests that play a split's games need only those 9: they shrink ``SPLIT_SIZES`` to 3 ids
@@ -26,6 +26,7 @@ from gymnasium.utils.env_checker import check_env
 
 import envrl.envs  # noqa: F401  (registers the envrl ids)
 from envrl.agents import make_agent
+from envrl.envs import SPLIT_KINDS
 from envrl.envs.base import EPISODE_OVER_FEEDBACK, INFO_KEYS, MAX_ACTION_LENGTH
 from envrl.envs.textworld import generate
 from envrl.envs.textworld.env import CHAINED_FEEDBACK, META_FEEDBACK, TextWorldEnv, clean_observation
@@ -63,7 +64,7 @@ def _play(env, agent, task_id):
 
 def test_task_ids_are_fixed_and_disjoint():
     ids = {split: generate.task_ids(split) for split in SPLITS}
-    assert {split: len(v) for split, v in ids.items()} == {"train": 1000, "valid": 100, "test_ood": 100}
+    assert {split: len(v) for split, v in ids.items()} == {"train": 1000, "select": 100, "valid": 100, "test_ood": 100}
     assert ids["train"][:4] == ["tw-custom:train:0", "tw-goal:train:0", "tw-cooking:train:0", "tw-custom:train:1"]
     assert "tw-custom:train:17" in ids["train"] and "tw-cooking:train:332" in ids["train"]
     for split, split_ids in ids.items():
@@ -72,14 +73,64 @@ def test_task_ids_are_fixed_and_disjoint():
             family, parsed_split, index = generate.parse_task_id(task_id)
             assert parsed_split == split and task_id == f"tw-{family}:{split}:{index}"
     assert sum(len(v) for v in ids.values()) == len(set().union(*ids.values()))
-    # TextWorld seeds (every attempt of every game) never repeat across splits.
+    # TextWorld seeds (every attempt of every game) never repeat, within a split or across splits.
     seeds = {
-        split: {generate.seed_of(*generate.parse_task_id(t), a) for t in v for a in range(100)}
+        split: [generate.seed_of(*generate.parse_task_id(t), a) for t in v for a in range(100)]
         for split, v in ids.items()
     }
-    assert not (
-        seeds["train"] & seeds["valid"] or seeds["train"] & seeds["test_ood"] or seeds["valid"] & seeds["test_ood"]
-    )
+    every = [seed for split_seeds in seeds.values() for seed in split_seeds]
+    assert len(set(every)) == len(every) == 100 * 1300
+    for split, split_seeds in seeds.items():  # each split's seeds lie in its own million
+        assert {seed // 10**6 for seed in split_seeds} == {generate.SPLIT_SEED_NO[split]}, split
+
+
+def test_existing_games_keep_their_seeds_settings_and_cache_folder():
+    """Adding the ``select`` split changed no game of train, valid or test_ood.
+
+    The values were computed before ``select`` existed (seeds then came from the split's position
+    in ``("train", "valid", "test_ood")``). A game is a pure function of its seeds and settings,
+    and the cache folder (its settings digest) is what a cached game is read from."""
+    pinned = [
+        # (family, split, index, attempt), seed, drawn settings (custom/goal) or part of them (cooking)
+        (("custom", "train", 0, 0), 1_000_000, {"rooms": 3, "objects": 7, "quest_length": 3}),
+        (("cooking", "train", 332, 19), 1_233_219, {"recipe": 2, "take": 1, "go": 6, "open": True, "cut": True}),
+        (("goal", "valid", 5, 3), 2_100_503, {"rooms": 4, "objects": 11, "quest_length": 4}),
+        (("custom", "valid", 33, 0), 2_003_300, {"rooms": 6, "objects": 14, "quest_length": 6}),
+        (("cooking", "test_ood", 32, 99), 3_203_299, {"recipe": 4, "take": 4, "go": 9, "cook": True}),
+        (("goal", "test_ood", 0, 0), 3_100_000, {"rooms": 11, "objects": 25, "quest_length": 10}),
+    ]
+    for args, seed, settings in pinned:
+        assert generate.seed_of(*args) == seed, args
+        drawn = generate.draw_settings(*args)
+        assert {key: drawn[key] for key in settings} == settings, args
+    folders = {
+        "tw-custom:train:0": "custom-train-66e8427835/0000",
+        "tw-cooking:train:332": "cooking-train-0327fa45ed/0332",
+        "tw-goal:valid:5": "goal-valid-66e8427835/0005",
+        "tw-cooking:test_ood:32": "cooking-test_ood-65497de827/0032",
+        "tw-goal:test_ood:0": "goal-test_ood-fc46d2b1b2/0000",
+    }
+    for task_id, folder in folders.items():
+        directory = generate.game_directory(task_id, "/cache")
+        assert directory.relative_to(directory.parents[1]).as_posix() == folder, task_id
+
+
+def test_select_is_an_in_distribution_split_for_choosing_settings(tmp_path):
+    assert SPLITS == tuple(SPLIT_KINDS["textworld"]) == ("train", "select", "valid", "test_ood")
+    assert SPLIT_KINDS["textworld"]["select"] == "ID" and generate.SPLIT_PROFILE["select"] == "id"
+    assert [generate.family_size(family, "select") for family in FAMILIES] == [34, 33, 33]
+    for family in FAMILIES:  # the same profile as train and valid, so the same settings digest
+        assert generate.profile(family, "select") == generate.profile(family, "valid")
+        assert generate.settings_digest(family, "select") == generate.settings_digest(family, "valid")
+    assert generate.seed_of("custom", "select", 0, 0) == 4_000_000
+    env = gym.make(ENV_ID, split="select", cache_dir=tmp_path, families=["custom"])
+    assert env.unwrapped.task_ids[:2] == ["tw-custom:select:0", "tw-custom:select:1"]
+    assert len(env.unwrapped.task_ids) == 34
+    with pytest.raises(ValueError, match="belongs to split 'valid'"):
+        env.unwrapped.task_details("tw-custom:valid:0")
+    with pytest.raises(ValueError, match=r"unknown TextWorld task id .*select \(100 ids\)"):
+        generate.parse_task_id("tw-custom:select:34")
+    assert not any(tmp_path.iterdir())  # nothing was generated
 
 
 def test_ood_settings_are_larger_for_every_id():
@@ -91,7 +142,7 @@ def test_ood_settings_are_larger_for_every_id():
         ]
 
     for family in FAMILIES:
-        in_dist = drawn("train", family) + drawn("valid", family)
+        in_dist = drawn("train", family) + drawn("select", family) + drawn("valid", family)
         ood = drawn("test_ood", family)
         keys = ("rooms", "objects", "quest_length") if family != "cooking" else ("go", "recipe", "take")
         for key in keys:
@@ -166,10 +217,13 @@ def test_generated_games_are_verified_and_sized_by_split(tw_cache):
             assert 0 < len(meta["walkthrough"]) <= generate.MAX_WALKTHROUGH
             assert meta["settings"] == generate.draw_settings(meta["family"], split, meta["index"], meta["attempt"])
     for family_no, family in enumerate(FAMILIES):
-        small = [metas[s][family_no]["sizes"] for s in ("train", "valid")]
+        small = [metas[s][family_no]["sizes"] for s in ("train", "select", "valid")]
         large = metas["test_ood"][family_no]["sizes"]
         for key in ("rooms", "objects", "walkthrough_length"):
             assert large[key] > max(size[key] for size in small), (family, key)
+    # Different seeds, different games: no two splits share one (select's are not valid's).
+    digests = [meta["game_json_sha256"] for split_metas in metas.values() for meta in split_metas]
+    assert len(set(digests)) == len(digests)
 
 
 def test_cache_layout_and_atomic_publish(tw_cache, tmp_path):

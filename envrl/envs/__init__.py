@@ -45,7 +45,7 @@ SPLIT_KINDS: dict[str, dict[str, str]] = {
     "alfworld": {"train": "ID", "valid_seen": "ID", "valid_unseen": "OOD", "ood_objects": "OOD"},
     "webshop": {"train": "ID", "eval": "ID", "test": "ID", "test_ood": "OOD"},
     "scienceworld": {"train": "ID", "dev": "ID", "test": "OOD"},
-    "textworld": {"train": "ID", "valid": "ID", "test_ood": "OOD"},
+    "textworld": {"train": "ID", "select": "ID", "valid": "ID", "test_ood": "OOD"},
     **{name: dict(DIAGNOSTIC_SPLIT_KINDS) for name in ENVIRONMENTS if name.startswith("diag-")},
 }
 

@@ -110,7 +110,8 @@ class TextWorldEnv(TextEnv):
     """TextWorld games as a Gymnasium text environment (see the module docstring).
 
     Arguments:
-        split: ``train``, ``valid`` (in-distribution) or ``test_ood`` (larger worlds, longer quests).
+        split: ``train``, ``select`` (choose settings here), ``valid`` (the reported one; all three
+            in-distribution) or ``test_ood`` (larger worlds, longer quests).
         expert_plan: add ``info["expert_plan"]``, the expert's remaining commands.
         cache_dir: where games are cached (default ``$ENVRL_CACHE/textworld`` or
             ``~/.cache/envrl/textworld``).
