@@ -395,7 +395,8 @@ def comparisons(table: dict[str, Any], seeds: Sequence[int]) -> list[dict[str, A
             mean, low, high = paired_interval(
                 [ea["seeds"][s][split] for s in common], [eb["seeds"][s][split] for s in common]
             )
-            row[kind] = {"diff": mean, "ci": [low, high], "resolved": low > 0 or high < 0}
+            # one seed has no interval: never "resolved"
+            row[kind] = {"diff": mean, "ci": [low, high], "resolved": len(common) > 1 and (low > 0 or high < 0)}
         out.append(row)
     return out
 
@@ -444,7 +445,7 @@ def markdown(
     lines = [
         "# Diagnostic scorecard",
         "",
-        f"Command: `{meta['command']}`; {meta['seeds']} seeds, {meta['wall_minutes']:.0f} min wall on this machine.",
+        f"Command: `{meta['command']}`; {meta['seeds']} seeds, {meta['wall_minutes']:.0f} min of training on 2 cores (the cells' time / workers).",
         "Success % on the ID split (`valid`) / the OOD split (`test_ood`), mean over seeds [95% t interval over the",
         f"per-seed rates]; {meta['budget']['eval_episodes']} episodes per split and seed. `failed` names why a cell did not run.",
         "",
@@ -467,6 +468,8 @@ def markdown(
                 elif kind in entry:
                     e = entry[kind]
                     note = f" ({len(entry['failed'])} failed)" if entry["failed"] else ""
+                    if len(e["per_seed"]) < meta["seeds"]:
+                        note += f" ({len(e['per_seed'])} seed{'s' if len(e['per_seed']) > 1 else ''})"
                     cells.append(f"{pct(e['mean'])} [{pct(e['ci'][0])}, {pct(e['ci'][1])}]{note}")
                 else:
                     cells.append("failed: " + next(iter(entry["failed"].values()), "?")[:60])
@@ -627,7 +630,7 @@ def main() -> None:
 def write(results: list[dict[str, Any]], args: argparse.Namespace, paths: Paths, seconds: float) -> None:
     seeds = sorted({r["cell"]["seed"] for r in results})
     table = summarise(results, seeds)
-    command = "python benchmarks/scorecard.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/scorecard.py " + " ".join(a for a in sys.argv[1:] if a != "--report")
     meta = {
         "command": command.strip(),
         "seeds": len(seeds),
