@@ -17,7 +17,8 @@ recorded, none able to stop the others:
   for the first micro-batch of each update, the PPO ratio between the log-probs the rollout
   recorded and the training forward pass (clip fraction, largest absolute log-ratio);
 * ``overhead``: ENVRL's cost over GRPO on one batch (benchmarks/envrl_overhead.py's timing and
-  counting functions), in generate mode with long thoughts on GPU;
+  counting functions) in its generate mode: each step's response rewritten as a thought of
+  ``thought_tokens`` (256 on GPU) and the action, the length a reasoning model's thought takes;
 * ``eval``: the trainer's periodic evaluation (``eval.every``) on the same GPU during training.
 
 Every stage writes ``{ok, seconds, error, figures}`` to one JSON (``--out``) and prints one line.
@@ -325,9 +326,16 @@ class Check:
         return figures
 
     def stage_grpo(self) -> dict[str, Any]:
-        config = self.config("grpo", "grpo", "policy.action_mode=generate", "policy.template=action")
+        # a random model writes no parseable action, so every step is format-invalid, the group's
+        # advantages are all 0 and the PPO term has no gradient: the entropy bonus gives the
+        # generate-mode backward pass one
+        config = self.config(
+            "grpo", "grpo", "policy.action_mode=generate", "policy.template=action", "algorithm.entropy_coef=0.01"
+        )
         figures = self.train(config)
         _require_updates(figures, self.profile.updates)
+        if not all(norm > 0 for norm in figures.get("grad_norm", [0.0])):
+            raise AssertionError(f"a generate-mode update had no gradient: grad_norm {figures.get('grad_norm')}")
         return figures
 
     def stage_envrl(self) -> dict[str, Any]:
@@ -342,10 +350,13 @@ class Check:
 
         overhead = load_overhead_module()
         p = self.profile
-        generate = self.device == "cuda"
-        sets = [f"rollout.groups={p.overhead_groups}", f"rollout.group_size={p.overhead_group_size}", "updates=10"]
-        if generate:
-            sets.append("policy.template=think-action")
+        # the papers' setting: responses of a thought and an action (envrl_overhead.py --action-mode generate)
+        sets = [
+            f"rollout.groups={p.overhead_groups}",
+            f"rollout.group_size={p.overhead_group_size}",
+            "updates=10",
+            "policy.template=think-action",
+        ]
         config = self.config("envrl", "overhead", *sets)
         trainer = self.trainer(config)
         try:
@@ -353,8 +364,7 @@ class Check:
             batch = envrl.collect(trainer, 0)
             samples = list(batch.samples)
             steps = [sample.step for sample in samples]
-            if generate:
-                overhead.as_generated(trainer.policy, steps, p.thought_tokens)
+            overhead.as_generated(trainer.policy, steps, p.thought_tokens)
             state = {
                 "model": copy.deepcopy(trainer.policy.unwrapped.state_dict()),
                 "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
@@ -370,8 +380,8 @@ class Check:
             trainer.close()
         figures: dict[str, Any] = {
             "device": device,
-            "action_mode": "generate" if generate else "choose",
-            "thought_tokens": p.thought_tokens if generate else None,
+            "action_mode": "generate",
+            "thought_tokens": p.thought_tokens,
             "step_samples": len(steps),
             "aux_samples": sum(len(s.aux) for s in samples),
             "aux_positions": overhead.aux_positions(samples),
@@ -569,6 +579,8 @@ def summary_line(name: str, result: StageResult) -> str:
         parts.append(f"kl {f['kl_first_update']}")
     if f.get("seconds_per_update") is not None:
         parts.append(f"{f['seconds_per_update']:.2f} s/update")
+    if f.get("grad_norm"):
+        parts.append("grad norm " + ", ".join(f"{g:.3g}" for g in f["grad_norm"]))
     first = [r for r in f.get("first_micro_batch", []) if r.get("log_ratio_max_abs") is not None]
     if first:
         parts.append(
@@ -597,6 +609,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="the launcher's precision (default: the variable `accelerate launch` sets, else bf16 on GPU, no with --cpu)",
     )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help="the sizes (default: gpu, or cpu with --cpu); --cpu --profile gpu smoke-tests the GPU sizes on CPU",
+    )
     args = parser.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = sorted(set(stages) - set(STAGES))
@@ -614,6 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         os.environ.setdefault("ACCELERATE_MIXED_PRECISION", "bf16")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # also the evaluation workers' loading bars
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     import transformers
@@ -622,7 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.cpu and not torch.cuda.is_available():
         print("no CUDA device: run with --cpu to check the script on CPU", file=sys.stderr)
         return 2
-    profile = PROFILES["cpu" if args.cpu else "gpu"]
+    profile = PROFILES[args.profile or ("cpu" if args.cpu else "gpu")]
     work = args.work or Path(tempfile.mkdtemp(prefix="envrl-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     check = Check(profile, work, "cpu" if args.cpu else "cuda")
