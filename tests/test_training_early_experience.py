@@ -10,6 +10,7 @@ builder (:mod:`envrl.training.early_experience`), then IWM and SR.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +24,6 @@ pytest.importorskip("datasets")
 from envrl.agents.generation import Generation  # noqa: E402
 from envrl.agents.prompts import Conversation, TemplateError, load_template  # noqa: E402
 from envrl.training.algorithms import IWM, SFT, SR, IWMConfig, SFTConfig, SRConfig, algorithm_class  # noqa: E402
-from envrl.training.algorithms.iwm import policy_messages  # noqa: E402
 from envrl.training.config import ConfigError, PolicyConfig, build_config  # noqa: E402
 from envrl.training.data import collect_expert_data, to_dataset  # noqa: E402
 from envrl.training.dynamics import (  # noqa: E402
@@ -34,6 +34,7 @@ from envrl.training.dynamics import (  # noqa: E402
     load_world_model_template,
 )
 from envrl.training.early_experience import build_early_experience, rollout_features  # noqa: E402
+from envrl.training.early_experience_data import policy_messages  # noqa: E402
 from envrl.training.loop import train  # noqa: E402
 from envrl.training.losses import token_cross_entropy  # noqa: E402
 from envrl.training.policy import Policy  # noqa: E402
@@ -552,6 +553,20 @@ def test_config_errors_are_one_sentence(folders) -> None:
 def test_data_of_another_env_is_refused(tiny_checkpoint: Path, folders) -> None:
     with pytest.raises(ConfigError, match=r"holds webshop data, not textworld: train with --env webshop"):
         IWM(IWMConfig(data=str(folders("webshop")))).prepare(_trainer(tiny_checkpoint))
+
+
+def test_the_folder_reader_lives_beside_the_builder_not_in_the_algorithms() -> None:
+    """#29.5: algorithms/iwm.py and sr.py hold the algorithms; reading the folder is early_experience_data's."""
+    from envrl.training import early_experience_data as data
+    from envrl.training.algorithms import iwm, sr
+
+    moved = ("EarlyExperience", "check_folder", "read_early_experience", "check_env", "expert_histories")
+    assert all(getattr(data, name).__module__ == data.__name__ for name in (*moved, "policy_messages"))
+    for module in (iwm, sr):
+        source = inspect.getsource(module)
+        assert not any(f"def {name}(" in source or f"class {name}" in source for name in moved)
+        assert "read_table" not in source and not hasattr(module, "BUILD_COMMAND")
+    assert "--model POLICY_DIR" in data.BUILD_COMMAND  # the folder's alternatives come from the policy
 
 
 # ---- one tiny iteration per env ---------------------------------------------------------------

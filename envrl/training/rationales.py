@@ -238,7 +238,7 @@ def write_rationales(
 ) -> Path:
     """Run ``writer`` (a spec or a writer) over ``folder/rollout.parquet`` and save the rationales
     to ``folder/out_name`` atomically (see the module docstring); returns the file's path."""
-    from envrl.training.algorithms.iwm import read_early_experience
+    from envrl.training.early_experience_data import read_early_experience
 
     if batch_size < 1:
         raise RationaleError(f"batch_size must be at least 1, got {batch_size}")

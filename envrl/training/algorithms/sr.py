@@ -1,6 +1,6 @@
 """Self-reflection (SR; Zhang et al., 2025, "Agent Learning via Early Experience").
 
-From an early-experience folder (:mod:`envrl.training.algorithms.iwm`), each rollout row is an
+From an early-experience folder (read by :mod:`envrl.training.early_experience_data`), each rollout row is an
 expert state ``s_i`` with the expert's action ``a_i`` (which led to ``s_{i+1}``) and an
 alternative ``a_i^j`` (which led to ``s_i^j``). A rationale ``c_i^j`` says why ``a_i`` is the
 better action given both outcomes (:mod:`envrl.training.rationales`), and the policy learns to
@@ -34,19 +34,16 @@ import torch
 
 from envrl.agents.prompts import TemplateError, load_template, parse_response
 from envrl.training.algorithms.base import Algorithm, Batch
-from envrl.training.algorithms.iwm import (
-    REFLECTION_STREAM,
-    check_env,
-    check_folder,
-    draw,
-    expert_histories,
-    kind_losses,
-    policy_messages,
-    read_early_experience,
-    split_count,
-)
+from envrl.training.algorithms.iwm import REFLECTION_STREAM, draw, kind_losses, split_count
 from envrl.training.algorithms.sft import demonstration
 from envrl.training.config import ConfigError
+from envrl.training.early_experience_data import (
+    check_env,
+    check_folder,
+    expert_histories,
+    policy_messages,
+    read_early_experience,
+)
 
 
 @dataclass
