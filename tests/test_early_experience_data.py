@@ -71,7 +71,9 @@ def expert_dir(tw, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(expert_dir, tmp_path_factory):
-    return build_early_experience("textworld", "train", expert_dir, tmp_path_factory.mktemp("ee") / "out", k=2)
+    return build_early_experience(
+        "textworld", "train", expert_dir, tmp_path_factory.mktemp("ee") / "out", k=2, proposer="admissible"
+    )
 
 
 def _expert_rows(folder: Path) -> list[dict]:
@@ -199,7 +201,9 @@ def _check_replays(env_name: str, split: str, tmp_path: Path, env_kwargs: dict) 
         assert [replay_to(env, edited, step) for step in range(len(episode))] == [True] + [False] * (len(episode) - 1)
     finally:
         env.close()
-    out = build_early_experience(env_name, split, tmp_path / "expert", tmp_path / "ee", k=1, env_kwargs=kwargs)
+    out = build_early_experience(
+        env_name, split, tmp_path / "expert", tmp_path / "ee", k=1, proposer="admissible", env_kwargs=kwargs
+    )
     counts = load_early_experience(out)[2]["counts"]
     assert counts["states_kept"] == counts["states"] == counts["alternatives"] == len(episode)
 
@@ -244,7 +248,7 @@ def _keep_rows(expert_dir: Path, folder: Path, states: set[tuple[int, int]]) -> 
 
 def test_a_state_the_env_does_not_reproduce_is_dropped_and_counted(built, expert_dir, tmp_path):
     edited = _edit_expert(expert_dir, tmp_path / "edited", 1, 2, "something else")
-    out = build_early_experience("textworld", "train", edited, tmp_path / "out", k=2)
+    out = build_early_experience("textworld", "train", edited, tmp_path / "out", k=2, proposer="admissible")
     _, rollout, meta = load_early_experience(out)
     # state 2 shows the edited observation, and state 3's prompt shows it in its history
     dropped = [
@@ -264,10 +268,12 @@ def test_a_state_the_env_does_not_reproduce_is_dropped_and_counted(built, expert
 
 
 def test_deterministic_and_independent_of_workers(built, expert_dir, tmp_path):
-    again = build_early_experience("textworld", "train", expert_dir, tmp_path / "again", k=2)
+    again = build_early_experience("textworld", "train", expert_dir, tmp_path / "again", k=2, proposer="admissible")
     assert _rollout_bytes(again) == _rollout_bytes(built)
     assert (again / "meta.json").read_bytes() == (built / "meta.json").read_bytes()
-    other = build_early_experience("textworld", "train", expert_dir, tmp_path / "other", k=2, seed=1)
+    other = build_early_experience(
+        "textworld", "train", expert_dir, tmp_path / "other", k=2, proposer="admissible", seed=1
+    )
     first, second = load_early_experience(built)[1].to_list(), load_early_experience(other)[1].to_list()
     assert [r["action"] for r in first] != [r["action"] for r in second]
     assert [r["expert_action"] for r in first] == [r["expert_action"] for r in second]
@@ -275,7 +281,9 @@ def test_deterministic_and_independent_of_workers(built, expert_dir, tmp_path):
 
 @pytest.mark.slow
 def test_workers_give_the_same_bytes(built, expert_dir, tmp_path):
-    parallel = build_early_experience("textworld", "train", expert_dir, tmp_path / "parallel", k=2, workers=2)
+    parallel = build_early_experience(
+        "textworld", "train", expert_dir, tmp_path / "parallel", k=2, proposer="admissible", workers=2
+    )
     assert _rollout_bytes(parallel) == _rollout_bytes(built)
 
 
@@ -292,7 +300,7 @@ def test_a_killed_build_resumes_from_its_shards(built, expert_dir, tmp_path, mon
     out = tmp_path / "out"
     monkeypatch.setattr(ee, "episode_rollouts", dies_on_episode_1)
     with pytest.raises(KeyboardInterrupt):
-        build_early_experience("textworld", "train", expert_dir, out, k=2)
+        build_early_experience("textworld", "train", expert_dir, out, k=2, proposer="admissible")
     partial = tmp_path / ".out.partial"
     assert not out.exists() and played == [0]
     assert sorted(p.name for p in (partial / "shards").iterdir()) == [
@@ -305,14 +313,16 @@ def test_a_killed_build_resumes_from_its_shards(built, expert_dir, tmp_path, mon
         return real(env, episode, alternatives)
 
     monkeypatch.setattr(ee, "episode_rollouts", counted)
-    assert build_early_experience("textworld", "train", expert_dir, out, k=2) == out
+    assert build_early_experience("textworld", "train", expert_dir, out, k=2, proposer="admissible") == out
     assert played == [0, 1] and not partial.exists()
     assert _rollout_bytes(out) == _rollout_bytes(built)
     assert (out / "meta.json").read_text() == (built / "meta.json").read_text()
     # the finished folder of the same build is returned as it is; another build is refused
-    assert build_early_experience("textworld", "train", expert_dir, out, k=2) == out and played == [0, 1]
+    assert build_early_experience(
+        "textworld", "train", expert_dir, out, k=2, proposer="admissible"
+    ) == out and played == [0, 1]
     with pytest.raises(ValueError, match="already exists and is not this build's output"):
-        build_early_experience("textworld", "train", expert_dir, out, k=1)
+        build_early_experience("textworld", "train", expert_dir, out, k=1, proposer="admissible")
 
 
 def test_a_partial_folder_of_other_settings_is_started_over(expert_dir, tmp_path, monkeypatch):
@@ -321,15 +331,16 @@ def test_a_partial_folder_of_other_settings_is_started_over(expert_dir, tmp_path
 
     monkeypatch.setattr(ee, "episode_rollouts", dies)
     with pytest.raises(KeyboardInterrupt):
-        build_early_experience("textworld", "train", expert_dir, tmp_path / "out", k=2)
+        build_early_experience("textworld", "train", expert_dir, tmp_path / "out", k=2, proposer="admissible")
     monkeypatch.undo()
-    out = build_early_experience("textworld", "train", expert_dir, tmp_path / "out", k=1)
+    out = build_early_experience("textworld", "train", expert_dir, tmp_path / "out", k=1, proposer="admissible")
     assert load_early_experience(out)[2]["counts"]["alternatives"] == 7
 
 
 def test_bad_input_is_refused_in_one_sentence(expert_dir, tmp_path):
     def build(**kwargs):
         settings = {"env": "textworld", "split": "train", "expert_dir": expert_dir, "out_dir": tmp_path / "o", "k": 2}
+        settings["proposer"] = "admissible"
         return build_early_experience(**{**settings, **kwargs})
 
     with pytest.raises(ValueError, match="k must be >= 1"):
@@ -343,8 +354,18 @@ def test_bad_input_is_refused_in_one_sentence(expert_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="lacks data.parquet or meta.json"):
         build(expert_dir=tmp_path / "empty")
-    with pytest.raises(ValueError, match="unknown proposer 'random'; use one of admissible, policy:PATH"):
+    with pytest.raises(ValueError, match="unknown proposer 'random'; use one of policy, policy:PATH, admissible"):
         build(proposer="random")
+    with pytest.raises(ValueError, match=r"^the default proposer samples the alternatives from the agent's own policy"):
+        build_early_experience("textworld", "train", expert_dir, tmp_path / "o", k=2)  # no checkpoint named
+    with pytest.raises(ValueError, match=r"--model PATH, or pass --proposer admissible to draw them uniformly"):
+        build(proposer="policy")
+    with pytest.raises(ValueError, match="samples nothing from --model m: drop one of the two"):
+        build(model="m")
+    with pytest.raises(ValueError, match="--proposer policy:a and --model b name two checkpoints: give one"):
+        build(proposer="policy:a", model="b")
+    with pytest.raises(ValueError, match="slots must be one of generate, literal, got 'free'"):
+        build(slots="free")
     checkpoint = tmp_path / "model"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text("{}")
@@ -362,9 +383,7 @@ def test_policy_proposer(expert_dir, tiny_checkpoint, tmp_path):
     from envrl.agents.prompts import load_template
 
     first_state = _keep_rows(expert_dir, tmp_path / "expert", {(0, 0)})
-    out = build_early_experience(
-        "textworld", "train", first_state, tmp_path / "out", k=2, proposer=f"policy:{tiny_checkpoint}"
-    )
+    out = build_early_experience("textworld", "train", first_state, tmp_path / "out", k=2, model=tiny_checkpoint)
     _, rollout, meta = load_early_experience(out)
     rows = rollout.to_list()
     proposer = ee.PolicyProposer(str(tiny_checkpoint), load_template("action"))
@@ -398,6 +417,86 @@ def test_policy_proposer(expert_dir, tiny_checkpoint, tmp_path):
     assert meta["rule"].startswith("state i of episode e: draw d sampled with")
 
 
+def test_the_default_proposer_is_the_policy_named_by_model(expert_dir, tiny_checkpoint, tmp_path, capsys):
+    """The paper samples alternatives from the agent's own policy: naming a checkpoint is enough,
+    and the result is the very folder ``policy:PATH`` builds (same rows, same settings)."""
+    first_state = _keep_rows(expert_dir, tmp_path / "expert", {(0, 0), (0, 1)})
+    assert ee.resolve_proposer(model=tiny_checkpoint) == f"policy:{tiny_checkpoint}"
+    by_model = build_early_experience("textworld", "train", first_state, tmp_path / "a", k=2, model=tiny_checkpoint)
+    named = build_early_experience(
+        "textworld", "train", first_state, tmp_path / "b", k=2, proposer=f"policy:{tiny_checkpoint}"
+    )
+    assert (by_model / "rollout.parquet").read_bytes() == (named / "rollout.parquet").read_bytes()
+    meta = load_early_experience(by_model)[2]
+    assert meta["proposer"] == f"policy:{tiny_checkpoint}" and meta["slots"] == "generate"
+    rows = load_early_experience(by_model)[1].to_list()
+    assert rows and all(normalise(r["action"]) != normalise(r["expert_action"]) for r in rows)
+    assert all(r["action"] in r["admissible_actions"] for r in rows)  # TextWorld lists no slot
+    parser = argparse.ArgumentParser()
+    ee.add_arguments(parser)
+    args = ["--env", "textworld", "--expert", str(first_state), "--k", "2", "--no-progress"]
+    assert ee.run(parser.parse_args([*args, "--out", str(tmp_path / "c"), "--model", str(tiny_checkpoint)])) == 0
+    assert (tmp_path / "c" / "rollout.parquet").read_bytes() == (by_model / "rollout.parquet").read_bytes()
+    capsys.readouterr()
+    assert ee.run(parser.parse_args([*args, "--out", str(tmp_path / "d")])) == 2
+    assert capsys.readouterr().err == f"envrl data early-experience: error: {ee.NO_POLICY}\n"
+    assert not (tmp_path / "d").exists()
+
+
+def test_slot_text_is_cut_and_cleaned():
+    from envrl.agents.prompts import load_template
+
+    assert ee.clean_slot("  red  shoes] and more", "]") == "red shoes"
+    assert ee.clean_slot("blue [wool]\nnext line", "]") == "blue wool"
+    assert ee.clean_slot("a\ufffdb </action>", "]") == "ab"
+    assert ee.clean_slot("]", "]") == ""
+    assert ee.slot_head(load_template("action"), "search[<query>]") == ("<action>search[", "]")
+    assert ee.slot_head(load_template("action"), "click[buy now]") is None
+
+
+@pytest.fixture(scope="module")
+def webshop_search_page(tmp_path_factory):
+    """WebShop expert data cut to its first state: the search page, which lists only search[<query>]."""
+    folder = tmp_path_factory.mktemp("ws")
+    expert = collect_expert_data("webshop", "train", 1, folder / "expert", template="action", history=2)
+    return _keep_rows(expert, folder / "first", {(0, 0)})
+
+
+def test_the_policy_writes_its_own_search_query(webshop_search_page, tiny_checkpoint, tmp_path):
+    """At WebShop's search page the policy proposer sends search[<the tiny model's own text>]:
+    seeded (draw d's seed, then torch.manual_seed of it), reproducible, and accepted by the env."""
+    from envrl.agents.prompts import load_template
+
+    (state,) = _expert_rows(webshop_search_page)
+    assert state["admissible_actions"] == ["search[<query>]"] and state["action"].startswith("search[")
+    out = build_early_experience("webshop", "train", webshop_search_page, tmp_path / "a", k=3, model=tiny_checkpoint)
+    rows = load_early_experience(out)[1].to_list()
+    proposer = ee.PolicyProposer(str(tiny_checkpoint), load_template("action"))
+    expected, seen = [], {normalise(state["action"])}
+    for d in range(12):
+        query = proposer.fill(state["messages"], "search[<query>]", ee.draw_seed(0, 0, 0, d))
+        if query is not None and normalise(query) not in seen and len(expected) < 3:
+            seen.add(normalise(query))
+            expected.append(query)
+    assert [r["action"] for r in rows] == expected and len(expected) == 3
+    for action in expected:
+        assert action.startswith("search[") and action.endswith("]") and action != "search[<query>]"
+        assert ee.clean_slot(action[len("search[") : -1], "]") == action[len("search[") : -1] != ""
+    again = build_early_experience("webshop", "train", webshop_search_page, tmp_path / "b", k=3, model=tiny_checkpoint)
+    assert (again / "rollout.parquet").read_bytes() == (out / "rollout.parquet").read_bytes()
+    env = gym.make("envrl/WebShop-v0", split="train")
+    for row in rows:
+        env.reset(seed=int(row["seed"]), options={"task_id": row["task_id"]})
+        observation, _, _, _, info = env.step(row["action"])
+        assert info["valid_action"] and observation == row["next_observation"]
+    env.close()
+    literal = build_early_experience(
+        "webshop", "train", webshop_search_page, tmp_path / "c", k=3, model=tiny_checkpoint, slots="literal"
+    )
+    assert [r["action"] for r in load_early_experience(literal)[1].to_list()] == ["search[<query>]"]
+    assert load_early_experience(literal)[2]["slots"] == "literal"
+
+
 def test_history_window():
     row = {"history": [{"observation": f"o{i}", "action": f"a{i}"} for i in range(3)]}
     assert history_window(row, 2) == [Turn("o1", "a1"), Turn("o2", "a2")]
@@ -418,6 +517,7 @@ def test_command_line(expert_dir, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     ee.add_arguments(parser)
     args = ["--env", "textworld", "--expert", str(expert_dir), "--out", str(tmp_path / "o"), "--no-progress"]
+    args += ["--proposer", "admissible"]
     assert ee.run(parser.parse_args([*args, "--k", "2", "--seed", "3"])) == 0
     assert capsys.readouterr().out == (
         f"wrote 14 alternatives from 7 of 7 expert states to {tmp_path / 'o' / 'rollout.parquet'} "

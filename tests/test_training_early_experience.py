@@ -620,7 +620,7 @@ def test_the_whole_pipeline_on_textworld(tiny_checkpoint: Path, tmp_path: Path, 
     expert = collect_expert_data(
         "textworld", "train", 1, tmp_path / "expert", agent="expert", template="action", history=1, env_kwargs=kwargs
     )
-    folder = build_early_experience("textworld", "train", expert, tmp_path / "early", k=2)
+    folder = build_early_experience("textworld", "train", expert, tmp_path / "early", k=2, model=tiny_checkpoint)
     rollout = pq.read_table(folder / "rollout.parquet").to_pylist()
     assert rollout
     trainer = _trainer(tiny_checkpoint)  # the template and history the data was built with

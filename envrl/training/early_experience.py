@@ -20,19 +20,33 @@ drops the states ``i`` onwards of its episode. The env is ``gym.make(env_id, spl
 ``--env-arg``. A state without alternatives (no admissible action) is kept unchecked:
 nothing is executed from it.
 
-Alternatives. Actions are compared normalised (lowercase, whitespace collapsed), and sent as
-listed (WebShop's search page lists the pattern ``search[<query>]``, which then searches for
-that very text).
+Alternatives. Actions are compared normalised (lowercase, whitespace collapsed). The paper
+samples them from the agent's own initial policy, so that is the default:
 
-* ``admissible``: ``K`` distinct actions drawn uniformly without replacement from the state's
-  admissible actions (each listed once; the expert's left out), with numpy
-  ``default_rng([seed, episode, step])``; fewer when fewer exist. ``duplicates_dropped``
-  counts list entries repeating an earlier one.
-* ``policy:PATH``: a transformers checkpoint scores the state's admissible actions as its
-  response to the expert row's prompt and samples one (``choose`` mode of
+* ``policy`` (the default), with ``model=`` / ``--model PATH``, or ``policy:PATH``: a
+  transformers checkpoint (the SFT or initial model) scores the state's admissible actions as
+  its response to the expert row's prompt and samples one (``choose`` mode of
   :class:`~envrl.agents.hf.HFBackend`, temperature 1); draw ``d`` is seeded by
-  ``SeedSequence([seed, episode, step, d])``. Draws repeating the expert's action or an earlier
-  draw are dropped (``duplicates_dropped``), until ``K`` are found or ``4 K`` were drawn.
+  ``SeedSequence([seed, episode, step, d])``. Where the sampled action is a pattern with a slot
+  (WebShop's search page lists ``search[<query>]``), ``slots="generate"`` (the default) has the
+  policy write the slot's text itself: the response is continued after the pattern's head
+  (``<action>search[`` with the ``action`` template), sampled at temperature 1 from
+  ``torch.manual_seed`` of the same draw seed, for at most :data:`SLOT_TOKENS` tokens, and cut
+  at the pattern's closing text (``]``), a line break or a tag (:func:`clean_slot`); so the
+  alternative is ``search[<the policy's own query>]``. ``slots="literal"`` sends the pattern as
+  listed (which searches for the text ``<query>``). Draws repeating the expert's action or an
+  earlier draw, and slots the policy left empty, are dropped (``duplicates_dropped``), until
+  ``K`` are found or ``4 K`` were drawn.
+* ``admissible``: ``K`` distinct actions drawn uniformly without replacement from the state's
+  admissible actions (each listed once; the expert's left out) and sent as listed, with numpy
+  ``default_rng([seed, episode, step])``; fewer when fewer exist. ``duplicates_dropped``
+  counts list entries repeating an earlier one. A baseline, and the choice where no policy
+  checkpoint exists: it must be asked for by name.
+
+Without a checkpoint the default proposer is an error naming both ways out (``--model PATH``
+or ``--proposer admissible``), never a silent fall-back to ``admissible``: uniformly random
+actions are a different data set (other states' outcomes, another share of invalid actions),
+and a folder that says "early experience" should not quietly hold it.
 
 Output folder:
 
@@ -42,7 +56,8 @@ Output folder:
   earlier turns of the episode, oldest first (a trainer cuts its own window with
   :func:`history_window`); ``messages`` is the expert row's prompt at ``s_i``;
 * ``meta.json``: the settings (env, split, env_kwargs, expert folder and fingerprints, the
-  expert's template and history, k, proposer, seed, the seeding rule, envrl's version) and the
+  expert's template and history, k, proposer, seed, the seeding rule, envrl's version; with a
+  policy, its weights' fingerprint and ``slots``) and the
   counts: ``states``, ``states_kept``, ``dropped_mismatch`` (task id, episode, step of each
   dropped state), ``alternatives`` (rows), ``short_of_k`` (kept states with fewer than K),
   ``duplicates_dropped``.
@@ -68,6 +83,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -84,8 +100,20 @@ if TYPE_CHECKING:
 
 EXPERT_FILE = "expert.parquet"
 ROLLOUT_FILE = "rollout.parquet"
-#: what ``--proposer`` takes
-PROPOSERS = ("admissible", "policy:PATH")
+#: what ``--proposer`` takes (``policy``: the checkpoint named by ``--model``)
+PROPOSERS = ("policy", "policy:PATH", "admissible")
+#: what ``--slots`` takes: the policy writes a pattern's slot text, or sends the pattern as listed
+SLOTS = ("generate", "literal")
+#: a slot in an admissible action, e.g. WebShop's ``search[<query>]``
+SLOT = re.compile(r"<([a-z][a-z_]*)>")
+#: the most tokens the policy writes into one slot (a search query is a few words)
+SLOT_TOKENS = 32
+#: the refusal when the default proposer has no checkpoint to sample from
+NO_POLICY = (
+    "the default proposer samples the alternatives from the agent's own policy, as the paper does: name its "
+    "checkpoint (the SFT or initial model) with --model PATH, or pass --proposer admissible to draw them "
+    "uniformly from the admissible actions"
+)
 #: the policy proposer stops after this many draws per wanted alternative
 DRAWS_PER_ALTERNATIVE = 4
 #: rows per row group of rollout.parquet (at least; whole episodes are never split)
@@ -191,16 +219,95 @@ def draw_seed(seed: int, episode: int, step: int, draw: int) -> int:
     return int(np.random.SeedSequence([seed, episode, step, draw]).generate_state(1)[0])
 
 
-class PolicyProposer:
-    """Alternatives sampled from a checkpoint in ``choose`` mode over the admissible actions."""
+def clean_slot(text: str, closing: str) -> str:
+    """The slot text the policy wrote, as an env can take it: cut at the pattern's ``closing``
+    text (``]``), a line break or a tag's ``<``; brackets and U+FFFD (a byte-level tokenizer's
+    half-decoded character, which WebShop refuses) removed; whitespace collapsed."""
+    for stop in (closing, "\n", "<"):
+        if stop:
+            text = text.split(stop, 1)[0]
+    text = text.replace("\ufffd", "").replace("[", " ").replace("]", " ")
+    return " ".join(text.split())
 
-    def __init__(self, path: str, template: Any) -> None:
+
+def slot_head(template: Any, action: str) -> tuple[str, str] | None:
+    """For an admissible action with a slot: the response text before the slot (the policy
+    continues from it) and the action's text after the slot (which closes it); None when the
+    action has no slot or the template's response does not show the slot verbatim."""
+    match = SLOT.search(action)
+    if match is None:
+        return None
+    response = template.format_response(action)
+    at = response.find(match.group(0))
+    if at < 0:
+        return None
+    return response[:at], action[match.end() :]
+
+
+class PolicyProposer:
+    """Alternatives sampled from a checkpoint: ``choose`` mode over the admissible actions, and
+    the policy's own text in a chosen pattern's slot (``slots="generate"``)."""
+
+    def __init__(self, path: str, template: Any, slots: str = "generate") -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         from envrl.agents.generation import SamplingConfig
         from envrl.agents.hf import HFBackend
 
-        self.backend = HFBackend(path)
+        if slots not in SLOTS:
+            raise ValueError(f"slots must be one of {', '.join(SLOTS)}, got {slots!r}")
+        # loaded here and handed to the back end, so that slot filling can continue a response
+        # on the very model that scores the choices (float32 on CPU, the checkpoint's dtype on CUDA)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype: Any = "auto" if self.device == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        self.backend = HFBackend.from_loaded(path, self.model, AutoTokenizer.from_pretrained(path))
         self.template = template
+        self.slots = slots
         self.sampling = SamplingConfig(temperature=1.0)
+
+    def fill(self, messages: Sequence[Mapping[str, str]], action: str, seed: int) -> str | None:
+        """``action`` with its slot replaced by the policy's own text (see the module docstring);
+        the action unchanged when it has no slot; None when the policy left the slot empty."""
+        import torch
+        from transformers import GenerationConfig
+
+        head = slot_head(self.template, action)
+        if head is None:
+            return action
+        before, closing = head
+        tokenizer = self.backend.tokenizer
+        ids = self.backend.encode(list(messages)) + list(tokenizer(before, add_special_tokens=False)["input_ids"])
+        if self.backend.context_length is not None:
+            ids = ids[-max(1, self.backend.context_length - SLOT_TOKENS) :]
+        config = GenerationConfig(
+            max_new_tokens=SLOT_TOKENS,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            num_beams=1,
+            eos_token_id=list(self.backend.stop_ids),
+            pad_token_id=self.backend.pad_id,
+        )
+        with torch.random.fork_rng(devices=[self.device] if self.device == "cuda" else []):
+            torch.manual_seed(seed)
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=torch.tensor([ids], device=self.device),
+                    attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=self.device),
+                    generation_config=config,
+                )
+        tokens = out[0, len(ids) :].tolist()
+        stops = set(self.backend.stop_ids)
+        end = next((n for n, token in enumerate(tokens) if token in stops), len(tokens))
+        text = clean_slot(str(tokenizer.decode(tokens[:end], skip_special_tokens=True)), closing)
+        if not text:
+            return None
+        match = SLOT.search(action)
+        assert match is not None  # slot_head found it
+        return action[: match.start()] + text + closing
 
     def __call__(self, row: Mapping[str, Any], k: int, seed: int) -> tuple[list[str], int]:
         """Up to ``k`` distinct sampled actions other than the expert's, and the draws dropped."""
@@ -214,15 +321,18 @@ class PolicyProposer:
         episode, step = int(row["episode"]), int(row["step"])
         while len(chosen) < k and draws < DRAWS_PER_ALTERNATIVE * k:
             count = min(k - len(chosen), DRAWS_PER_ALTERNATIVE * k - draws)
-            seeds: list[int | None] = [draw_seed(seed, episode, step, d) for d in range(draws, draws + count)]
+            seeds = [draw_seed(seed, episode, step, d) for d in range(draws, draws + count)]
             prompts = [row["messages"]] * count
-            for generation in self.backend.choose(prompts, [texts] * count, self.sampling, seeds=seeds):
+            sampled = self.backend.choose(prompts, [texts] * count, self.sampling, seeds=seeds)
+            for generation, draw_at in zip(sampled, seeds):
                 if generation.error or generation.choice is None:
                     raise RuntimeError(
                         f"{self.backend.model} could not score episode {episode} step {step}: {generation.error}"
                     )
-                action = actions[generation.choice]
-                if normalise(action) in seen:
+                action: str | None = actions[generation.choice]
+                if self.slots == "generate":
+                    action = self.fill(row["messages"], actions[generation.choice], draw_at)
+                if action is None or normalise(action) in seen:
                     dropped += 1
                     continue
                 seen.add(normalise(action))
@@ -231,6 +341,7 @@ class PolicyProposer:
         return chosen, dropped
 
     def close(self) -> None:
+        self.model = None
         self.backend.close()
 
 
@@ -362,14 +473,18 @@ def build_early_experience(
     out_dir: str | Path,
     *,
     k: int,
-    proposer: str = "admissible",
+    proposer: str = "policy",
+    model: str | Path | None = None,
+    slots: str = "generate",
     seed: int = 0,
     env_kwargs: Mapping[str, Any] | None = None,
     workers: int = 1,
     progress: bool = False,
 ) -> Path:
     """Build the Early Experience folder ``out_dir`` from the expert folder ``expert_dir`` (see
-    the module docstring); returns ``out_dir``. ValueError (one sentence) on bad input."""
+    the module docstring); returns ``out_dir``. ``proposer="policy"`` (the default) samples the
+    alternatives from ``model``, the agent's own checkpoint; without one it is refused
+    (:data:`NO_POLICY`). ValueError (one sentence) on bad input."""
     from envrl.evaluation.config import resolve_env
 
     if k < 1:
@@ -378,6 +493,9 @@ def build_early_experience(
         raise ValueError(f"seed must be >= 0, got {seed}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if slots not in SLOTS:
+        raise ValueError(f"slots must be one of {', '.join(SLOTS)}, got {slots!r}")
+    proposer = resolve_proposer(proposer, model)
     name, env_id = resolve_env(env)
     expert_path = Path(expert_dir)
     expert_meta, episodes = _read_expert(expert_path)
@@ -386,10 +504,10 @@ def build_early_experience(
             f"{expert_path} holds {expert_meta.get('env')} {expert_meta.get('split')} expert data, not {name} "
             f"{split}: give the --env and --split it was built with, or another --expert"
         )
-    policy = _policy_path(proposer)
+    policy = None if proposer == "admissible" else proposer.partition(":")[2]
     kwargs = {key: v for key, v in dict(expert_meta.get("env_kwargs") or {}).items() if key not in PLAN_KWARGS}
     kwargs.update(env_kwargs or {})
-    settings = _settings(name, env_id, split, kwargs, expert_path, expert_meta, k, proposer, policy, seed)
+    settings = _settings(name, env_id, split, kwargs, expert_path, expert_meta, k, proposer, policy, slots, seed)
     out = Path(out_dir)
     if _finished(out, settings):
         return out
@@ -398,7 +516,7 @@ def build_early_experience(
     partial = out.parent / f".{out.name}.partial"
     shards = _open_partial(partial, settings)
     pending = [e for e in episodes if not (shards / f"{_shard_name(int(e[0]['episode']))}.json").is_file()]
-    propose = _proposer(policy, expert_meta)
+    propose = _proposer(policy, expert_meta, slots)
     try:
         jobs = _jobs(pending, propose, k, seed, env_id, split, kwargs, shards, workers)
         with _progress(len(episodes), len(episodes) - len(pending), progress, f"{name} {split}") as bar:
@@ -447,13 +565,27 @@ def _read_expert(folder: Path) -> tuple[dict[str, Any], list[Episode]]:
     return meta, episodes
 
 
-def _policy_path(proposer: str) -> str | None:
-    """The checkpoint of ``policy:PATH`` (None for ``admissible``), checked before anything runs."""
+def resolve_proposer(proposer: str = "policy", model: str | Path | None = None) -> str:
+    """``admissible`` or ``policy:PATH``, as meta.json records it, from ``--proposer`` and
+    ``--model``; the checkpoint is checked before anything runs. ``policy`` takes its checkpoint
+    from ``model`` and is refused without one (:data:`NO_POLICY`); ``admissible`` takes none."""
     if proposer == "admissible":
-        return None
-    kind, sep, path = proposer.partition(":")
-    if kind != "policy" or not sep or not path:
-        raise ValueError(f"unknown proposer {proposer!r}; use one of {', '.join(PROPOSERS)}")
+        if model is not None:
+            raise ValueError(
+                f"--proposer admissible draws uniformly from the admissible actions and samples nothing from "
+                f"--model {model}: drop one of the two"
+            )
+        return proposer
+    if proposer == "policy":
+        if model is None:
+            raise ValueError(NO_POLICY)
+        path = str(model)
+    else:
+        kind, sep, path = proposer.partition(":")
+        if kind != "policy" or not sep or not path:
+            raise ValueError(f"unknown proposer {proposer!r}; use one of {', '.join(PROPOSERS)}")
+        if model is not None and str(model) != path:
+            raise ValueError(f"--proposer {proposer} and --model {model} name two checkpoints: give one")
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise ValueError(f"policy checkpoint {path} is not a model folder (no config.json)")
@@ -462,10 +594,10 @@ def _policy_path(proposer: str) -> str | None:
             f"policy checkpoint {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
             "save the tokenizer with the model"
         )
-    return path
+    return f"policy:{path}"
 
 
-def _proposer(policy: str | None, expert_meta: Mapping[str, Any]) -> Proposer:
+def _proposer(policy: str | None, expert_meta: Mapping[str, Any], slots: str) -> Proposer:
     if policy is None:
         return admissible_alternatives
     from envrl.agents.prompts import TemplateError, load_template
@@ -476,7 +608,7 @@ def _proposer(policy: str | None, expert_meta: Mapping[str, Any]) -> Proposer:
         raise ValueError(f"the expert data's prompt template cannot be loaded: {exc}") from exc
     if template.sha256 != expert_meta.get("template_sha256"):
         raise ValueError(f"prompt template {template.name!r} differs from the one the expert data was built with")
-    return PolicyProposer(policy, template)
+    return PolicyProposer(policy, template, slots)
 
 
 def _settings(
@@ -489,6 +621,7 @@ def _settings(
     k: int,
     proposer: str,
     policy: str | None,
+    slots: str,
     seed: int,
 ) -> dict[str, Any]:
     """Everything the output depends on (meta.json less the counts; a resumed build must match it)."""
@@ -500,6 +633,8 @@ def _settings(
         rule = (
             "state i of episode e: draw d sampled with default_rng(SeedSequence([seed, e, i, d]).generate_state(1)[0])"
         )
+        if slots == "generate":
+            rule += f"; a slot's text sampled after torch.manual_seed of that seed, at most {SLOT_TOKENS} tokens"
     settings: dict[str, Any] = {
         "env": name,
         "env_id": env_id,
@@ -521,6 +656,7 @@ def _settings(
         from envrl.agents.hf import weights_fingerprint
 
         settings["policy_weights_sha256"] = weights_fingerprint(policy)
+        settings["slots"] = slots
     return json.loads(json.dumps(settings, default=str))  # as meta.json will read back
 
 
@@ -687,8 +823,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder for expert.parquet, rollout.parquet and meta.json")
     parser.add_argument(
         "--proposer",
-        default="admissible",
-        help="admissible (uniform over the admissible actions) or policy:PATH (sampled from a checkpoint)",
+        default="policy",
+        help="policy (default: sampled from the --model checkpoint, the agent's own policy, as the paper does), "
+        "policy:PATH, or admissible (uniform over the admissible actions; needs no checkpoint)",
+    )
+    parser.add_argument(
+        "--model", default=None, help="the policy's checkpoint (the SFT or initial model) the alternatives come from"
+    )
+    parser.add_argument(
+        "--slots",
+        choices=SLOTS,
+        default="generate",
+        help="policy proposer: the policy writes a pattern's slot itself, e.g. WebShop's search[<query>] "
+        "(generate, default), or the pattern is sent as listed (literal)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the alternatives' draws (default 0)")
     add_env_arg_option(parser)
@@ -708,6 +855,8 @@ def run(args: argparse.Namespace) -> int:
             args.out,
             k=args.k,
             proposer=args.proposer,
+            model=args.model,
+            slots=args.slots,
             seed=args.seed,
             env_kwargs=parse_env_args(args.env_arg),
             workers=args.workers,
