@@ -31,6 +31,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -94,9 +95,8 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         torch.manual_seed(config.seed + self.rank)
         self.policy = Policy(config.policy, config.env)
-        kl = getattr(config.algorithm, "kl_coef", 0.0)
-        if kl > 0:
-            self.policy.keep_reference()
+        #: set while :meth:`score_old_policy` runs: "old" or "reference" (which model it scores with)
+        self.scoring_pass: str | None = None
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -105,11 +105,18 @@ class Trainer:
         self.policy.model, self.optimizer, self.scheduler = self.accelerator.prepare(
             self.policy.model, optimizer, scheduler
         )
+        # after prepare: the frozen copy then has the policy's device and autocast (see keep_reference)
+        if self.algorithm.needs_reference_model():
+            self.policy.keep_reference()
+        if self.algorithm.needs_old_policy_pass() and self.policy.dropout() > 0:
+            warnings.warn(
+                f"the model applies dropout (p = {self.policy.dropout():g}) in train mode: the old-policy "
+                "pass and the loss draw different masks, so the PPO ratio starts at 1 only in expectation",
+                stacklevel=2,
+            )
         self._rollout: Any = None
         self._task_ids: list[str] | None = None
-        prepare = getattr(self.algorithm, "prepare", None)
-        if callable(prepare):
-            prepare(self)
+        self.algorithm.prepare(self)
 
     # ---- rollouts -----------------------------------------------------------------------------
 
@@ -160,21 +167,64 @@ class Trainer:
         if not samples:
             return {}
         order = np.random.default_rng([self.config.seed, len(samples), self.rank]).permutation(len(samples))
+        minibatches = [[samples[int(i)] for i in minibatch] for minibatch in np.array_split(order, o.minibatches)]
+        scored = self.score_old_policy(minibatches) if self.algorithm.needs_old_policy_pass() else {}
         for _ in range(o.epochs):
-            for minibatch in np.array_split(order, o.minibatches):
-                chosen = [samples[int(i)] for i in minibatch]
+            for chosen in minibatches:
                 loss, parts = self.minibatch_step(chosen)
                 terms.setdefault("loss", []).append(loss)
                 for key, value in parts.items():
                     terms.setdefault(key, []).append(value)
-        return {key: float(np.mean(values)) for key, values in terms.items()}
+        return {**scored, **{key: float(np.mean(values)) for key, values in terms.items()}}
+
+    def score_old_policy(self, minibatches: Sequence[Sequence[Any]]) -> dict[str, float]:
+        """Score the update's samples with the weights they were sampled from, before any
+        optimizer step, exactly as the loss will score them: the algorithm's own
+        ``compute_loss`` on the very micro-batches :meth:`minibatch_step` makes, under the same
+        autocast and train mode, without gradients, with :attr:`scoring_pass` set so that the
+        loss stores its scored units (as the old policy's log-probs, then, where there is a KL
+        term, as the reference's, with :meth:`Policy.reference_scoring`) instead of computing a
+        loss. The sampler's own log-probs (KV-cached generation, bf16) differ from these by
+        rounding; with these the ratio at the first minibatch is exactly 1 and the KL exactly 0
+        while the weights are the reference's. Dropout would break the equality (see
+        :meth:`Policy.dropout`; the models envrl makes have none). Returns the pass's metrics:
+        the mean gap per unit between the sampler's and the recomputed log-probs and the largest.
+        """
+        chunks = [chunk for minibatch in minibatches for chunk in self._micro_batches(minibatch)]
+        total = max(sum(scored_units(s) for chunk in chunks for s in chunk), 1)
+        passes: list[tuple[str, Any]] = [("old", nullcontext)]
+        if self.algorithm.needs_reference_model():
+            passes.append(("reference", self.policy.reference_scoring))
+        metrics: dict[str, float] = {}
+        with torch.no_grad():
+            for scoring, context in passes:
+                self.scoring_pass = scoring
+                try:
+                    with context():
+                        for chunk in chunks:
+                            _, parts = self.algorithm.compute_loss(self, chunk)
+                            share = sum(scored_units(s) for s in chunk) / total
+                            for key, value in parts.items():
+                                if not key.startswith("old_logprob/"):
+                                    continue
+                                if key.endswith("_max"):
+                                    metrics[key] = max(metrics.get(key, value), value)
+                                else:
+                                    metrics[key] = metrics.get(key, 0.0) + value * share
+                finally:
+                    self.scoring_pass = None
+        return metrics
+
+    def _micro_batches(self, samples: Sequence[Any]) -> list[Sequence[Any]]:
+        """``samples`` (one minibatch) in the micro-batches whose gradients accumulate."""
+        size = self.config.optim.micro_batch_size
+        return [samples[i : i + size] for i in range(0, len(samples), size)]
 
     def minibatch_step(self, samples: Sequence[Any]) -> tuple[float, dict[str, float]]:
         """One optimizer step over ``samples`` (this process's share of a minibatch)."""
         units = torch.tensor(float(sum(scored_units(s) for s in samples)), device=self.accelerator.device)
         total_units = float(self.accelerator.reduce(units, reduction="sum"))
-        size = self.config.optim.micro_batch_size
-        chunks = [samples[i : i + size] for i in range(0, len(samples), size)]
+        chunks = self._micro_batches(samples)
         loss_sum = 0.0
         parts: dict[str, float] = {}
         model = self.policy.model

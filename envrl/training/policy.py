@@ -90,6 +90,8 @@ class Policy:
                 f"{embeddings}: the checkpoint was saved with another tokenizer; use the tokenizer it was trained with"
             )
         self.reference: Any = None
+        # set inside reference_scoring(): the model that scoring without an explicit one uses
+        self._scoring_model: Any = None
         if config.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
@@ -182,7 +184,7 @@ class Policy:
         model: Any,
         temperature: float | None,
     ) -> tuple[Scores, list[list[torch.Tensor]]]:
-        model = self.model if model is None else model
+        model = self._active_model() if model is None else model
         temperature = self._temperature() if temperature is None else temperature
         rows: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(samples)  # type: ignore[list-item]
         out: list[list[torch.Tensor]] = [[None] * len(row) for row in branches]  # type: ignore[list-item]
@@ -238,27 +240,69 @@ class Policy:
                 items.append((rows[part[0]][:cut], [rows[j][cut:] for j in part]))
                 starts.append([len(rows[j]) - cut - len(group[j].response_ids) for j in part])
             places.append(place)
-        grids = score_candidate_sets(self.model, items, self.backend.pad_id, starts) if items else []
+        grids = score_candidate_sets(self._active_model(), items, self.backend.pad_id, starts) if items else []
         return [
             [grids[item][branch, : len(sample.response_ids)] for (item, branch), sample in zip(place, group)]
             for place, group in zip(places, groups)
         ]
 
     def reference_logprobs(self, samples: Sequence[ScoredSample]) -> torch.Tensor:
-        """Log-probs under the frozen reference (the starting weights): with LoRA the base model
-        with its adapters off (no extra memory), else a frozen copy made on first use."""
-        with torch.no_grad():
-            if self.config.lora_rank > 0:
-                with self.unwrapped.disable_adapter():
-                    return self.logprobs(samples, model=self.unwrapped).logprobs
-            if self.reference is None:
-                raise RuntimeError("call keep_reference() before training starts")
-            return self.logprobs(samples, model=self.reference).logprobs
+        """Log-probs under the frozen reference (the starting weights), without gradients: with
+        LoRA the base model with its adapters off (no extra memory), else the copy
+        :meth:`keep_reference` made."""
+        with torch.no_grad(), self.reference_scoring():
+            return self.logprobs(samples).logprobs
+
+    @contextmanager
+    def reference_scoring(self) -> Iterator[None]:
+        """Within it, every scoring call that names no model (:meth:`logprobs`,
+        :meth:`logprobs_with_branches`, :meth:`shared_prefix_logprobs`) scores with the frozen
+        reference instead of the trained model, through the very same code path: the loop scores
+        an update's samples once this way, with whatever rows the algorithm's loss packs them
+        in, so the KL term compares the two models on identical computations."""
+        if self.config.lora_rank > 0:
+            with self.unwrapped.disable_adapter():
+                self._scoring_model = self.unwrapped
+                try:
+                    yield
+                finally:
+                    self._scoring_model = None
+            return
+        if self.reference is None:
+            raise RuntimeError("call keep_reference() before training starts")
+        self._scoring_model = self.reference
+        try:
+            yield
+        finally:
+            self._scoring_model = None
 
     def keep_reference(self) -> None:
-        """Freeze a copy of the current weights as the KL reference (not needed with LoRA)."""
+        """Freeze a copy of the current weights as the KL reference (not needed with LoRA).
+
+        Call it after the model is placed and wrapped for training (``accelerator.prepare``): the
+        copy then sits on the same device and its forward is the wrapped one, autocast included
+        (accelerate patches the module's ``forward``, and a deep copy keeps the patch, bound to
+        the copy). A copy made before would score a bf16-autocast policy in float32 (a KL of
+        ~1e-3 per token at the start, measured on the tiny model) and, on several GPUs, sit on the
+        first one while each process's policy sits on its own."""
         if self.config.lora_rank == 0 and self.reference is None:
             self.reference = copy.deepcopy(self.unwrapped).eval().requires_grad_(False)
+
+    def dropout(self) -> float:
+        """The largest dropout probability the trained model applies in train mode (its dropout
+        modules and the attention dropout its config names): above 0 two forward passes of the
+        same weights differ, so the PPO ratio at an update's first minibatch is 1 only in
+        expectation."""
+        probabilities = [float(m.p) for m in self.unwrapped.modules() if isinstance(m, torch.nn.Dropout)]
+        config = getattr(self.unwrapped, "config", None)
+        for key in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout"):
+            value = getattr(config, key, None)
+            if isinstance(value, int | float):
+                probabilities.append(float(value))
+        return max(probabilities, default=0.0)
+
+    def _active_model(self) -> Any:
+        return self.model if self._scoring_model is None else self._scoring_model
 
     def _response_logprobs(
         self, model: Any, samples: Sequence[ScoredSample], temperature: float

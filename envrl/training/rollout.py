@@ -9,7 +9,8 @@ steps are answered with the episode-over feedback and ignored) until every episo
 batch has ended.
 
 Each step becomes a :class:`StepSample` holding what the losses need (the token ids and the
-log-probabilities the generation returned) and what the advantages need (reward, validity,
+log-probabilities the generation returned; the loop replaces the latter by the training forward
+pass's own before it optimises, see :meth:`~envrl.training.loop.Trainer.score_old_policy`) and what the advantages need (reward, validity,
 group, trajectory, step index, anchor observation), plus the policy's own view of the state for
 the auxiliary world-model losses (ENVRL's SP and ID): the task instruction the prompt showed
 and ``history``, the past turns of the trajectory that the prompt showed (the last
@@ -40,7 +41,9 @@ class StepSample:
 
     prompt_ids: list[int]
     response_ids: list[int]  # with the end-of-turn token when the response ended by itself
-    old_logprobs: list[float]  # per response token, or [choice log-prob] in choose mode
+    # per response token, or [choice log-prob] in choose mode: the sampler's values until the loop's
+    # old-policy pass overwrites them with the training forward pass's (the PPO ratio's denominator)
+    old_logprobs: list[float]
     candidate_ids: list[list[int]] | None  # choose mode: every candidate's tokens
     choice: int | None  # choose mode: the chosen candidate
     action: str
@@ -60,6 +63,10 @@ class StepSample:
     instruction: str = ""  # the task as the policy's prompt showed it (the env's info["instruction"])
     history: list[Turn] = field(default_factory=list)  # the past turns the policy's prompt showed, oldest first
     messages: list[Message] = field(default_factory=list)  # the policy's prompt messages (before tokenising)
+    # what the sampler reported, kept when the old-policy pass replaces ``old_logprobs`` (to log the gap)
+    rollout_logprobs: list[float] | None = None
+    # the KL reference's log-probs of the same units, from the old-policy pass (None: not scored yet)
+    ref_logprobs: list[float] | None = None
 
 
 @dataclass

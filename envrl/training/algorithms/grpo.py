@@ -12,6 +12,15 @@ k3 estimator) and an optional entropy bonus:
 
     L = - mean_t min(r_t A, clip(r_t, 1 - e, 1 + e) A) + beta * KL_k3 - c_H * H,
     r_t = pi_theta(y_t | ...) / pi_old(y_t | ...)
+
+``pi_old`` is not the sampler's log-probabilities (KV-cached generation, or the choice scored
+by the acting back end), which differ from the training forward pass by float rounding, up to
+~1e-3 per token under bf16 autocast: before an update's first optimizer step the loop scores
+its samples once more with the loss's own forward pass, micro-batches and precision
+(:meth:`~envrl.training.loop.Trainer.score_old_policy`, as verl recomputes ``old_log_prob``),
+and :meth:`GRPO.loss_from_scores` stores those as ``old_logprobs``, so the ratio at the first
+minibatch is exactly 1. The KL reference is scored in the same pass, through the same path, so
+the KL is exactly 0 while the weights are the reference's.
 """
 
 from __future__ import annotations
@@ -100,6 +109,10 @@ class GRPO(Algorithm):
         scores them in one pass with its own rows and hands them here)."""
         c = self.config
         policy = trainer.policy
+        # contexts built by hand (tests) may not have the attribute: they never run the pass
+        scoring = getattr(trainer, "scoring_pass", None)
+        if scoring is not None:
+            return _record(scoring, samples, scores)
         old = _padded([s.old_logprobs for s in samples], scores.mask)
         advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=scores.mask.device)
         loss, stats = ppo_clip_loss(scores.logprobs, old, advantages, scores.mask, c.clip_eps)
@@ -107,12 +120,40 @@ class GRPO(Algorithm):
         entropy = masked_mean(scores.entropy, scores.mask)
         metrics["entropy"] = float(entropy.detach())
         if c.kl_coef > 0:
-            kl = kl_k3(scores.logprobs, policy.reference_logprobs(samples), scores.mask)
+            if all(s.ref_logprobs is not None for s in samples):
+                reference = _padded([s.ref_logprobs for s in samples], scores.mask)
+            else:  # not scored by the loop's pass (a loss computed by hand): score them now
+                reference = policy.reference_logprobs(samples)
+            kl = kl_k3(scores.logprobs, reference, scores.mask)
             loss = loss + c.kl_coef * kl
             metrics["kl"] = float(kl.detach())
         if c.entropy_coef > 0:
             loss = loss - c.entropy_coef * entropy
         return loss, metrics
+
+
+def _record(scoring: str, samples: Sequence[Any], scores: Scores) -> tuple[torch.Tensor, dict[str, float]]:
+    """Store the scored units on the samples during the loop's old-policy pass: as the old
+    policy's log-probs (``scoring == "old"``, keeping the sampler's in ``rollout_logprobs``) or
+    as the reference's (``"reference"``). Returns a zero loss and, for the old policy, how far the
+    sampler's values were from the recomputed ones (mean and largest absolute difference per unit)."""
+    if scoring not in ("old", "reference"):
+        raise ValueError(f"unknown scoring pass {scoring!r}; expected old or reference")
+    gaps: list[float] = []
+    for row, sample in enumerate(samples):
+        values = scores.logprobs[row, : int(scores.mask[row].sum())].detach().tolist()
+        if scoring == "reference":
+            sample.ref_logprobs = values
+            continue
+        if sample.rollout_logprobs is None:
+            sample.rollout_logprobs = list(sample.old_logprobs)
+        if len(sample.rollout_logprobs) == len(values):
+            gaps.extend(abs(a - b) for a, b in zip(sample.rollout_logprobs, values))
+        sample.old_logprobs = values
+    zero = torch.zeros((), device=scores.mask.device)
+    if not gaps:
+        return zero, {}
+    return zero, {"old_logprob/rollout_gap": float(np.mean(gaps)), "old_logprob/rollout_gap_max": max(gaps)}
 
 
 def _padded(rows: Sequence[Sequence[float]], like: torch.Tensor) -> torch.Tensor:
