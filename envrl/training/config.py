@@ -3,9 +3,23 @@
 One :class:`TrainConfig` holds everything a run needs, in sections a reader finds by name
 (``policy``, ``rollout``, ``optim``, ``eval``) plus ``algorithm``, the chosen algorithm's own
 dataclass (:mod:`envrl.training.algorithms`). The precedence is: the dataclass defaults, then
-the algorithm's shipped YAML for the env (``configs/<algo>/<env>.yaml``, when there is one),
-then ``--config FILE.yaml``, then each ``--set section.key=value``. A key that does not exist
-is an error that lists the keys of its section, so a typo never trains with a default.
+the shipped YAML of the pair (below), then each ``--config FILE.yaml``, then each
+``--set section.key=value``. A key that does not exist is an error that lists the keys of its
+section, so a typo never trains with a default.
+
+Shipped YAML, in layers
+    What a pair ``(algo, env)`` ships is the env's base, ``configs/_base/<env>.yaml`` (the
+    rollout, evaluation and model keys every algorithm uses on that env), deep-merged with the
+    algorithm's file for the env, ``configs/<algo>/<env>.yaml`` (its delta). Either may be
+    absent: an algorithm without a file for the env (a new one needs none) runs on the env's
+    base and its Config's defaults; an env without a base (the diagnostic envs) on the
+    algorithm's file alone, or on the defaults. Any file, shipped or ``--config``, may name
+    ``extends: FILE`` or ``extends: [FILE, ...]`` (paths relative to its own folder): the files
+    it extends are resolved first, in order, and the file itself is merged last, so an
+    algorithm's settings shared by all envs live once (``configs/<algo>/_default.yaml``).
+    The merge (:func:`deep_merge`): a mapping merges key by key, recursively; any other value,
+    lists included, replaces the earlier one. A file that extends a missing file, or a chain of
+    ``extends`` that comes back to a file, is a ConfigError naming the files.
 
 The resolved configuration is written to the output folder; a run resumed there must have the
 same one (:func:`differences` names what changed).
@@ -125,10 +139,61 @@ class TrainConfig:
 SECTIONS = {"policy": PolicyConfig, "rollout": RolloutConfig, "optim": OptimConfig, "eval": EvalConfig}
 
 
-def shipped_config(algo: str, env: str) -> Path | None:
-    """The YAML file envrl ships for ``algo`` on ``env``, if there is one."""
-    path = resources.files("envrl.training").joinpath("configs").joinpath(algo).joinpath(f"{env}.yaml")
-    return Path(str(path)) if path.is_file() else None
+def _configs_dir() -> Path:
+    """The folder of the shipped YAML files."""
+    return Path(str(resources.files("envrl.training").joinpath("configs")))
+
+
+def shipped_files(algo: str, env: str) -> list[Path]:
+    """The shipped YAML files of ``algo`` on ``env``, in merge order (the env's base, then the
+    algorithm's file for the env; see the module docstring), those that exist."""
+    root = _configs_dir()
+    return [path for path in (root / "_base" / f"{env}.yaml", root / algo / f"{env}.yaml") if path.is_file()]
+
+
+def shipped_config(algo: str, env: str) -> dict[str, Any]:
+    """The shipped settings of ``algo`` on ``env``: its files resolved and deep-merged ({} when none ship)."""
+    merged: dict[str, Any] = {}
+    for path in shipped_files(algo, env):
+        merged = deep_merge(merged, resolve_yaml(path))
+    return merged
+
+
+def deep_merge(base: Mapping[str, Any], delta: Mapping[str, Any]) -> dict[str, Any]:
+    """``delta`` over ``base``: mappings merge key by key, recursively; any other value of
+    ``delta`` (a list too) replaces ``base``'s. Neither argument is changed."""
+    out = dict(base)
+    for key, value in delta.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_yaml(path: str | Path, _chain: Sequence[Path] = ()) -> dict[str, Any]:
+    """A YAML file with its ``extends`` resolved: the files it extends (relative to its folder),
+    merged in order, then the file itself; ConfigError for a missing file or a cycle."""
+    path = Path(path)
+    here = path.resolve()
+    if here in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain[_chain.index(here) :], here))
+        raise ConfigError(f"config files extend each other in a cycle: {cycle}")
+    data = _read_yaml(path)
+    parents = data.pop("extends", None)
+    if parents is None:
+        return data
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
+        raise ConfigError(f"config file {path}: extends takes a file name or a list of them, got {parents!r}")
+    merged: dict[str, Any] = {}
+    for parent in parents:
+        parent_path = path.parent / parent
+        if not parent_path.is_file():
+            raise ConfigError(f"config file {path} extends {parent}, and {parent_path} does not exist")
+        merged = deep_merge(merged, resolve_yaml(parent_path, (*_chain, here)))
+    return deep_merge(merged, data)
 
 
 def build_config(
@@ -148,10 +213,12 @@ def build_config(
     if env not in ENV_IDS:
         raise ConfigError(f"unknown env {env!r}; choose one of {', '.join(sorted(ENV_IDS))}")
     config = TrainConfig(algo=algo, env=env, algorithm=algorithm_config())
+    shipped = shipped_files(algo, env)
     layers: list[tuple[str, Mapping[str, Any]]] = []
-    shipped = shipped_config(algo, env)
-    for path in ([shipped] if shipped else []) + [Path(f) for f in files]:
-        layers.append((str(path), _read_yaml(path)))
+    if shipped:
+        layers.append((" + ".join(str(p) for p in shipped), shipped_config(algo, env)))
+    for path in (Path(f) for f in files):
+        layers.append((str(path), resolve_yaml(path)))
     for source, data in layers:
         _apply(config, data, source)
     for key, value in (overrides or {}).items():
