@@ -2,8 +2,10 @@
 
 A small-scale repetition of Zhang et al. (2025), "Agent Learning via Early Experience": the
 same expert demonstrations feed imitation alone (SFT), implicit world modelling then imitation
-(IWM) and self-reflection (SR), at the same number of updates and batch size, and every policy
-is evaluated the same way. The task set is the CPU learning benchmark's
+(IWM) and self-reflection (SR), at the same batch size, and every policy is evaluated the same
+way. Imitation gets the same number of updates everywhere: IWM's world-model stage comes
+*before* a full SFT budget, as in the paper and the GPU recipe (IWM, then SFT from its
+checkpoint), never in place of part of it (:func:`method_budget`). The task set is the CPU learning benchmark's
 (``benchmarks/learning_cpu.py``): TextWorld's ``custom`` quests, expert data from the first
 ``--train-tasks`` (200) train games with the ``compact`` template and no history, ID
 evaluation on the 34 ``valid`` custom games and OOD on the 34 ``test_ood`` ones (9-12 rooms
@@ -19,14 +21,18 @@ Data, built once and shared by every seed:
   each, so K = 3 gives ~2,700 transitions, more than IWM's world-model stage consumes at the
   default budget (50 updates x 32 = 1,600 samples, 0.6 epoch): a larger K adds transitions
   the stage never reaches and costs build time (each alternative replays the expert prefix).
+  ``admissible`` is named explicitly (the builder's default is the policy's own samples): the
+  data is shared by every seed's model, and the committed results were made with it.
 
 Per seed (``--seeds``), from one from-scratch model (``init_model(..., "tiny",
 vocab_size=2048, seed=seed)``), each method trains ``--updates`` updates of ``--batch-size``
 samples at learning rate ``--lr`` (the learning benchmark's SFT settings):
 
 * ``sft``: the expert's action among the admissible ones (``algorithm.objective=choice``);
-* ``iwm``: ``schedule: two_stage``: next-state prediction on the early-experience transitions
-  for the first ``--wm-fraction`` of the updates, then the same choice objective for the rest;
+* ``iwm``: ``schedule: two_stage``: ``--wm-updates`` updates of next-state prediction on the
+  early-experience transitions, then ``--updates`` updates of the same choice objective as SFT
+  (the same batches: imitation draws from SFT's seed stream), ``--wm-updates + --updates`` in
+  all; the learning-rate schedule restarts at the switch, as two runs would;
 * ``sr``: the contrast writer, a sentence template that states both observed outcomes, *not
   reasoning* (labelled so wherever it is shown); the policy learns
   ``<think>rationale</think><action>expert action</action>`` with the template
@@ -34,7 +40,7 @@ samples at learning rate ``--lr`` (the learning benchmark's SFT settings):
   plain expert samples (``--sr-expert-fraction`` of each batch) trained with the same choice
   objective as SFT (the rationale and the action after it with the token loss);
 * ``sft-eighth`` and ``iwm-eighth``: SFT and IWM on the first 1/8 of the expert episodes (and
-  that part's early experience), same updates.
+  that part's early experience), same budgets.
 
 Evaluation: every policy in ``choose`` mode (length-normalised scores, ``choose_score:
 mean``), sampling at temperature 1, on the same seeded episodes per seed, on both splits,
@@ -42,7 +48,8 @@ before (the random initialisation, shared by SFT and IWM; SR's start is evaluate
 template) and after. SR's candidates in choose mode are ``<think></think><action>a</action>``:
 the rationale is trained but never generated at evaluation. Settings were chosen on the train
 and valid splits only, never on test_ood (the data settings and learning rate are the learning
-benchmark's; ``--wm-fraction`` and ``--sr-expert-fraction`` are the algorithms' defaults, not
+benchmark's; ``--wm-updates`` is half of ``--updates``, the world-model stage of the results
+made before imitation got its full budget, and ``--sr-expert-fraction`` is SR's default, not
 tuned). Intervals: 95% Wilson intervals over the episodes of all seeds pooled (they treat
 seeds x 34 episodes as independent, which games shared across seeds are not); per-seed rates
 are in the JSON.
@@ -82,7 +89,7 @@ SR_LABEL = "SR (contrast writer: a sentence template, not reasoning)"
 #: Zhang et al. (2025), Llama-3.2-3B, success rate (%): imitation, IWM, SR
 PAPER = {"ALFWorld": {"sft": 78.1, "iwm": 83.6, "sr": 85.9}, "WebShop": {"sft": 41.8, "iwm": 60.2, "sr": 52.7}}
 SCALE_NOTE = (
-    "What this scale can show: that IWM and SR run end to end on the same data and budget as SFT, and "
+    "What this scale can show: that IWM and SR run end to end on the same data and imitation budget as SFT, and "
     "whether either moves a from-scratch 0.25M-parameter policy by more than the intervals' width (about "
     "+-9 points per method with 3 seeds x 34 games). What it cannot show: the paper's effect, a gain of 5-18 "
     "points over imitation on a pretrained 3B model whose language knowledge the world-model and reflection "
@@ -171,6 +178,14 @@ def data_summary(expert: Path, ee: Path) -> dict[str, Any]:
 # ---- training -----------------------------------------------------------------------------------
 
 
+def method_budget(method: Method, args: argparse.Namespace) -> dict[str, int]:
+    """A method's updates: in all, of the world-model stage and of imitation. Imitation gets
+    ``--updates`` for every method, so IWM adds its world-model stage in front of SFT's whole
+    budget (the paper trains the world model, then runs full SFT); it never takes a share of it."""
+    world_model = args.wm_updates if method.algo == "iwm" else 0
+    return {"updates": world_model + args.updates, "world_model": world_model, "imitation": args.updates}
+
+
 def method_sets(method: Method, args: argparse.Namespace, data: dict[str, Path]) -> list[str]:
     """The ``--set`` items of one method on top of ``configs/textworld_cpu.yaml``."""
     folder = data[f"expert-{method.data}"] if method.algo == "sft" else data[f"ee-{method.data}"]
@@ -187,7 +202,10 @@ def method_sets(method: Method, args: argparse.Namespace, data: dict[str, Path])
     if method.algo in ("sft", "iwm", "sr"):
         sets.append("algorithm.objective=choice")
     if method.algo == "iwm":
-        sets += ["algorithm.schedule=two_stage", f"algorithm.world_model_fraction={args.wm_fraction}"]
+        budget = method_budget(method, args)
+        # IWM switches at round(fraction * updates): this fraction puts the switch at --wm-updates exactly
+        fraction = budget["world_model"] / budget["updates"]
+        sets += ["algorithm.schedule=two_stage", f"algorithm.world_model_fraction={fraction!r}"]
     if method.algo == "sr":
         sets += [
             f"policy.template={THINK_TEMPLATE}",
@@ -209,7 +227,7 @@ def run_method(
     sets = method_sets(method, args, data) + [
         f"policy.model={model}",
         f"out={out}",
-        f"updates={args.updates}",
+        f"updates={method_budget(method, args)['updates']}",
         f"seed={seed}",
     ]
     cached = out / "evaluations.json"
@@ -221,7 +239,7 @@ def run_method(
     config = build_config(
         method.algo, ENV, algorithm_config=algorithm_class(method.algo).Config, files=[CONFIG], sets=sets
     )
-    print(f"== {method.key} seed {seed}: {args.updates} updates", flush=True)
+    print(f"== {method.key} seed {seed}: {method_budget(method, args)['updates']} updates", flush=True)
     began = time.perf_counter()
     evaluations = train(config, progress=True)
     seconds = time.perf_counter() - began
@@ -283,9 +301,10 @@ def table(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             evals = [evaluation(results["seeds"][s][key], 0, split) for s in seeds]
             rows[row][kind] = pooled(evals) | {"per_seed": per_seed(seeds, evals)}
     for method in METHODS:
-        rows[method.key] = {"label": method.label, "updates": args.updates, "data": method.data}
+        updates = method_budget(method, args)["updates"]
+        rows[method.key] = {"label": method.label, "updates": updates, "data": method.data}
         for kind, split in SPLITS.items():
-            evals = [evaluation(results["seeds"][s][method.key], args.updates, split) for s in seeds]
+            evals = [evaluation(results["seeds"][s][method.key], updates, split) for s in seeds]
             rows[method.key][kind] = pooled(evals) | {"per_seed": per_seed(seeds, evals)}
     return rows
 
@@ -321,8 +340,8 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         "# Early Experience at CPU scale: SFT vs IWM vs SR (TextWorld custom quests)",
         "",
-        f"From-scratch tiny model (0.25M parameters), seeds {seeds}; every method {args.updates} updates x "
-        f"{args.batch_size} samples at lr {args.lr}. Success (%) pooled over seeds with a 95% Wilson interval "
+        f"From-scratch tiny model (0.25M parameters), seeds {seeds}; every method {args.updates} updates of "
+        f"imitation x {args.batch_size} samples at lr {args.lr} (IWM: {args.wm_updates} world-model updates first). Success (%) pooled over seeds with a 95% Wilson interval "
         f"(successes/episodes); ID = valid custom, OOD = test_ood custom ({args.eval_episodes} episodes per split "
         "and seed); choose mode, temperature 1; turns = mean turns of the successful episodes.",
         "",
@@ -349,16 +368,16 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"- Early experience: `--proposer admissible --k {args.k}`: {full['transitions']} transitions from "
         f"{full['states_kept']} of {full['states']} expert states ({full['short_of_k']} short of K); 1/8: "
         f"{eighth['transitions']}.",
-        f"- IWM: two stages, next-state prediction for the first {round(args.wm_fraction * args.updates)} updates, "
-        f"then the choice objective for {args.updates - round(args.wm_fraction * args.updates)}. The learning rate "
+        f"- IWM: two stages, next-state prediction for the first {args.wm_updates} updates, then the choice "
+        f"objective for {args.updates}, as many as SFT's, {args.wm_updates + args.updates} in all. The learning rate "
         f"(10 warmup updates, then {args.schedule}) restarts at the switch: each stage has a whole schedule, as "
         "two runs one after the other would.",
         f"- {SR_LABEL}: template `benchmarks/configs/compact_think.json`; {args.sr_expert_fraction:.0%} of each "
         "batch plain expert samples with the choice objective, the reflections with the token loss. **The rationale "
         "is trained but not generated at evaluation**: choose mode scores `<think></think><action>a</action>`, "
         "an empty thought, for each admissible action.",
-        "- Settings chosen on train/valid only, never on test_ood; `--wm-fraction` and `--sr-expert-fraction` "
-        "are the algorithms' defaults, not tuned.",
+        "- Settings chosen on train/valid only, never on test_ood; `--wm-updates` (half of `--updates`) and "
+        "`--sr-expert-fraction` (SR's default) are not tuned.",
         "",
         SCALE_NOTE,
         "",
@@ -418,10 +437,15 @@ def plot(results: dict[str, Any], args: argparse.Namespace) -> None:
 # ---- main ---------------------------------------------------------------------------------------
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--updates", type=int, default=100, help="updates of every method (default 100)")
+    parser.add_argument(
+        "--updates",
+        type=int,
+        default=100,
+        help="imitation updates of every method (default 100; IWM adds --wm-updates)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="samples per update, every method")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument(
@@ -432,7 +456,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--train-tasks", type=int, default=200, help="expert data: the first N train custom games")
     parser.add_argument("--k", type=int, default=3, help="alternative actions per expert state")
-    parser.add_argument("--wm-fraction", type=float, default=0.5, help="IWM: share of the updates for the world model")
+    parser.add_argument(
+        "--wm-updates",
+        type=int,
+        default=None,
+        help="IWM: world-model updates before its imitation (default --updates / 2)",
+    )
     parser.add_argument("--sr-expert-fraction", type=float, default=0.5, help="SR: share of each batch of expert steps")
     parser.add_argument("--eval-episodes", type=int, default=34, help="per split and seed (34: every custom game once)")
     parser.add_argument("--workers", type=int, default=2, help="env processes of the early-experience build")
@@ -440,9 +469,13 @@ def parse_args() -> argparse.Namespace:
         "--quick", action="store_true", help="a smoke run: seed 0, 5 updates, 16 games, 4 eval episodes"
     )
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/early_experience[-quick]")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.updates, args.train_tasks, args.eval_episodes = [0], 5, 16, 4
+    if args.wm_updates is None:
+        args.wm_updates = args.updates // 2
+    if args.wm_updates < 0 or args.updates < 1:
+        parser.error("--updates must be at least 1 and --wm-updates at least 0")
     if args.out is None:
         args.out = ROOT / "benchmarks" / "results" / ("early_experience-quick" if args.quick else "early_experience")
     args.out = args.out.resolve()
