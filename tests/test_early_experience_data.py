@@ -497,6 +497,18 @@ def test_the_policy_writes_its_own_search_query(webshop_search_page, tiny_checkp
     assert load_early_experience(literal)[2]["slots"] == "literal"
 
 
+def test_training_on_admissible_alternatives_says_so(built, caplog):
+    from envrl.training.early_experience_data import read_early_experience
+
+    with caplog.at_level("WARNING", logger="envrl.training.early_experience_data"):
+        data = read_early_experience(built, "iwm")
+    assert data.meta["proposer"] == "admissible" and len(data.rollout) == 14
+    assert caplog.messages == [
+        f"{built}: the alternatives were drawn uniformly from the admissible actions (--proposer admissible), "
+        "not sampled from the policy as the paper's are"
+    ]
+
+
 def test_history_window():
     row = {"history": [{"observation": f"o{i}", "action": f"a{i}"} for i in range(3)]}
     assert history_window(row, 2) == [Turn("o1", "a1"), Turn("o2", "a2")]

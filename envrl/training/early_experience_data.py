@@ -9,13 +9,15 @@ it and what they led to (``rollout.parquet``: ``s_i^j``), plus ``meta.json``.
 Prompts are rebuilt from the rows with the policy's own template and history window
 (:func:`policy_messages`), exactly as :class:`~envrl.agents.prompts.Conversation` builds them
 when the policy acts, so the data need not have been built with the policy's template.
-Every refusal is a :class:`~envrl.training.config.ConfigError` of one sentence that names the
+A folder built with ``--proposer admissible`` (random actions, not the policy's) is read with a
+logged warning, so a run trained on it says so. Every refusal is a :class:`~envrl.training.config.ConfigError` of one sentence that names the
 command making a valid folder.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,8 @@ from envrl.agents.prompts import Turn
 from envrl.training.config import ConfigError
 from envrl.training.data import META_FILE
 from envrl.training.early_experience import EXPERT_FILE, ROLLOUT_FILE
+
+log = logging.getLogger(__name__)
 
 #: the command that writes an early-experience folder (named in every error that asks for one)
 BUILD_COMMAND = "envrl data early-experience --env ENV --expert EXPERT_DIR --k K --model POLICY_DIR --out DIR"
@@ -90,6 +94,12 @@ def read_early_experience(data: str | Path, algo: str = "early experience") -> E
         tables[name] = table.to_pylist()
     meta_path = folder / META_FILE
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    if meta.get("proposer") == "admissible":  # a baseline's data: say so wherever it is trained on
+        log.warning(
+            "%s: the alternatives were drawn uniformly from the admissible actions (--proposer admissible), "
+            "not sampled from the policy as the paper's are",
+            folder,
+        )
     return EarlyExperience(folder, tables[EXPERT_FILE], tables[ROLLOUT_FILE], meta)
 
 
