@@ -29,6 +29,14 @@ instruction, history window and observation. Each weight decays from its start v
 ``t`` the 0-based update being computed and ``T`` the run's ``updates``; ``decay: constant``
 keeps ``lambda_0``: the dynamics shape the representation early, the reward has the last word.
 
+Objectives, a table
+    SP and ID are the two rows of :data:`OBJECTIVES` (:class:`Objective`): its sample kind and
+    short name, the template kind its prompt must be, the function that turns a transition into
+    its scored sample, and the config keys of its switch, start weight, template and schedule.
+    Building, checking, weighing, scoring and logging all loop over the rows, so another
+    auxiliary objective is one more row (with its config keys and its template), and nothing
+    else changes.
+
 Transitions
     A step is a transition for the auxiliary losses when its episode goes on after it (neither
     done nor truncated, so ``s_{t+1}`` is a state the policy acts on next) and its response
@@ -112,14 +120,7 @@ from envrl.training.rollout import StepSample
 
 #: the base algorithms, by ``algorithm.base``
 BASES: dict[str, type[GRPO]] = {"grpo": GRPO, "gigpo": GiGPO}
-#: the auxiliary kinds (:class:`~envrl.training.dynamics.TargetSample` ``kind``) and their short names
-AUX_KINDS = {"state_prediction": "sp", "inverse_dynamics": "id"}
 DECAYS = ("cosine", "constant")
-#: per auxiliary kind, the config key of its prompt template and the template kind it must be
-_TEMPLATE_KEYS = {
-    "state_prediction": ("sp_template", "state-prediction"),
-    "inverse_dynamics": ("id_template", "inverse-dynamics"),
-}
 #: the seed stream of the transitions' draw (see the module docstring)
 _AUX_STREAM = 3
 
@@ -212,6 +213,72 @@ def pick_transitions(count: int, fraction: float, seed: int, update: int, rank: 
     return sorted(int(k) for k in rng.choice(count, size=size, replace=False))
 
 
+#: what builds one auxiliary sample: the policy, the objective's prompt template and the step
+SampleBuilder = Callable[[Any, AnyWorldModelTemplate, StepSample], TargetSample]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One auxiliary objective of ENVRL, a row of :data:`OBJECTIVES`: everything the loss needs
+    to know of it, so that a new objective is a row (and its template), not an edit of the loss.
+
+    ``kind``: the :class:`~envrl.training.dynamics.TargetSample` ``kind`` its samples carry;
+    ``name``: its short name, in the logs (``loss/NAME``, ``weight/NAME``) and in messages;
+    ``template_kind``: the world-model template kind its prompt must be;
+    ``build``: turns a transition (a rollout step) into its scored sample;
+    ``switch``, ``coef``, ``template``: the config keys that turn it on, give its start weight
+    ``lambda_0`` and name its prompt template; ``decay``: the config key of its schedule
+    (:func:`aux_weight`).
+    """
+
+    kind: str
+    name: str
+    template_kind: str
+    build: SampleBuilder
+    switch: str
+    coef: str
+    template: str
+    decay: str = "decay"
+
+
+def state_prediction_row(policy: Any, template: AnyWorldModelTemplate, step: StepSample) -> TargetSample:
+    """SP's sample of a transition, ``-log p(s_{t+1} | s_t, a_t)``, ``s_t`` as the policy saw it."""
+    return state_prediction_sample(
+        policy,
+        template,
+        step.instruction,
+        step.history,
+        step.observation,
+        step.action,
+        step.next_observation,
+        state_messages=step.messages,
+        state_ids=step.prompt_ids,
+    )
+
+
+def inverse_dynamics_row(policy: Any, template: AnyWorldModelTemplate, step: StepSample) -> TargetSample:
+    """ID's sample of a transition, ``-log p(a_t | s_t, s_{t+1})`` on the action's tokens only
+    (:func:`~envrl.training.dynamics.action_span`)."""
+    return inverse_dynamics_sample(
+        policy,
+        template,
+        step.instruction,
+        step.history,
+        step.observation,
+        step.next_observation,
+        step.action,
+        state_messages=step.messages,
+        state_ids=step.prompt_ids,
+    )
+
+
+#: ENVRL's auxiliary objectives, in the order they are built, scored, weighed and logged
+OBJECTIVES: tuple[Objective, ...] = (
+    Objective("state_prediction", "sp", "state-prediction", state_prediction_row, "sp", "sp_coef", "sp_template"),
+    Objective("inverse_dynamics", "id", "inverse-dynamics", inverse_dynamics_row, "id", "id_coef", "id_template"),
+)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -235,26 +302,41 @@ class ENVRL(Algorithm):
         return BASES[self.config.base](self.config)
 
     @property
+    def objectives(self) -> tuple[Objective, ...]:
+        """Every auxiliary objective, on or off: the rows of :data:`OBJECTIVES` (read when asked,
+        so a row added to the table is used at once)."""
+        return OBJECTIVES
+
+    @property
+    def enabled(self) -> list[Objective]:
+        """The objectives switched on, in the table's order."""
+        return [row for row in self.objectives if getattr(self.config, row.switch)]
+
+    @property
     def kinds(self) -> list[str]:
-        """The enabled auxiliary kinds, SP first."""
-        c = self.config
-        return [kind for kind, on in (("state_prediction", c.sp), ("inverse_dynamics", c.id)) if on]
+        """The enabled auxiliary kinds, in the table's order (SP first)."""
+        return [row.kind for row in self.enabled]
+
+    def _names(self) -> dict[str, str]:
+        """Each objective's short name, by kind."""
+        return {row.kind: row.name for row in self.objectives}
 
     def check(self, train_config: Any) -> None:
         c = self.config
         base = self.base
-        for key in ("sp_coef", "id_coef"):
+        for key in dict.fromkeys(row.coef for row in self.objectives):
             value = getattr(c, key)
             if not _is_number(value) or value < 0:
                 raise ConfigError(f"algorithm.{key} must be a number >= 0, got {value!r}")
         if not _is_number(c.aux_fraction) or not 0.0 < c.aux_fraction <= 1.0:
             raise ConfigError(f"algorithm.aux_fraction must lie in (0, 1], got {c.aux_fraction!r}")
-        if c.decay not in DECAYS:
-            raise ConfigError(f"algorithm.decay must be cosine or constant, got {c.decay!r}")
-        if not c.sp and not c.id:
-            raise ConfigError(
-                f"algorithm.sp and algorithm.id are both off, and that is the base algorithm: run --algo {c.base}"
-            )
+        for key in dict.fromkeys(row.decay for row in self.objectives):
+            if getattr(c, key) not in DECAYS:
+                raise ConfigError(f"algorithm.{key} must be cosine or constant, got {getattr(c, key)!r}")
+        if not self.enabled:
+            switches = " and ".join(f"algorithm.{row.switch}" for row in self.objectives)
+            every = "both" if len(self.objectives) == 2 else "all"
+            raise ConfigError(f"{switches} are {every} off, and that is the base algorithm: run --algo {c.base}")
         if c.base == "grpo":
             grpo_keys = {f.name for f in fields(GRPOConfig)}
             for f in fields(GiGPOConfig):
@@ -270,7 +352,8 @@ class ENVRL(Algorithm):
     def template(self, kind: str) -> AnyWorldModelTemplate:
         """The prompt template of an auxiliary kind (loaded on first use, checked to be of its kind)."""
         if kind not in self._templates:
-            key, expected = _TEMPLATE_KEYS[kind]
+            row = next(row for row in self.objectives if row.kind == kind)
+            key, expected = row.template, row.template_kind
             name = getattr(self.config, key)
             try:
                 template = load_world_model_template(name)
@@ -283,36 +366,22 @@ class ENVRL(Algorithm):
 
     def depends_on_updates(self) -> bool:
         """The cosine weights decay over the run's total (``T``)."""
-        return self.config.decay != "constant"
+        return any(getattr(self.config, row.decay) != "constant" for row in self.objectives)
 
     def weights(self, update: int, updates: int) -> dict[str, float]:
         """``lambda(update)`` per auxiliary kind (0 for a kind switched off)."""
         c = self.config
-        coefs = {"state_prediction": c.sp_coef if c.sp else 0.0, "inverse_dynamics": c.id_coef if c.id else 0.0}
-        return {kind: aux_weight(coef, update, updates, c.decay) for kind, coef in coefs.items()}
+        return {
+            row.kind: aux_weight(
+                getattr(c, row.coef) if getattr(c, row.switch) else 0.0, update, updates, getattr(c, row.decay)
+            )
+            for row in self.objectives
+        }
 
     def aux_samples(self, policy: Any, step: StepSample) -> list[TargetSample]:
         """The enabled auxiliary samples of one transition, prompts built from the policy's view of
         ``s_t`` (a follow-up template continues the step's own prompt)."""
-        out = []
-        for kind in self.kinds:
-            build: Callable[..., TargetSample]
-            if kind == "state_prediction":
-                build, target_side = state_prediction_sample, (step.action, step.next_observation)
-            else:
-                build, target_side = inverse_dynamics_sample, (step.next_observation, step.action)
-            state = (step.instruction, step.history, step.observation)
-            out.append(
-                build(
-                    policy,
-                    self.template(kind),
-                    *state,
-                    *target_side,
-                    state_messages=step.messages,
-                    state_ids=step.prompt_ids,
-                )
-            )
-        return out
+        return [row.build(policy, self.template(row.kind), step) for row in self.enabled]
 
     def attach(
         self, policy: Any, steps: Sequence[StepSample], update: int, updates: int, seed: int, rank: int
@@ -327,6 +396,7 @@ class ENVRL(Algorithm):
         for sample in (a for row in aux for a in row):
             tokens[sample.kind] = tokens.get(sample.kind, 0) + len(sample.response_ids)
         weights = self.weights(update, updates)
+        names = self._names()
         scale = AuxScale(
             weights={kind: weights[kind] for kind in self.kinds},
             per_token={kind: rl_units / count for kind, count in tokens.items() if count},
@@ -334,7 +404,7 @@ class ENVRL(Algorithm):
         samples = [ENVRLSample(step, row, scale) for step, row in zip(steps, aux)]
         flat = [a for row in aux for a in row]
         metrics = {
-            **{f"weight/{AUX_KINDS[kind]}": value for kind, value in weights.items()},
+            **{f"weight/{names[kind]}": value for kind, value in weights.items()},
             "aux/transitions": float(len(chosen)),
             "aux/samples": float(len(flat)),
             "aux/tokens": float(sum(len(a.prompt_ids) + len(a.response_ids) for a in flat)),
@@ -361,8 +431,9 @@ class ENVRL(Algorithm):
         # a kind the batch holds is logged from every micro-batch (0 where it has none of it): the
         # loop's weighted sum of the micro-batches' values is then the batch's token mean
         present = [kind for kind in scale.weights if kind in scale.per_token]
+        names = self._names()
         if not aux:
-            return loss, {**terms, **{f"loss/{AUX_KINDS[kind]}": 0.0 for kind in present}}
+            return loss, {**terms, **{f"loss/{names[kind]}": 0.0 for kind in present}}
         logprobs = [row for group in branches for row in group]
         units = sum(scored_units(step) for step in steps)
         for kind in present:
@@ -370,5 +441,5 @@ class ENVRL(Algorithm):
             token_sum = -torch.stack(sums).sum() if sums else torch.zeros((), device=logprobs[0].device)
             term = token_sum * (scale.per_token[kind] / units)
             loss = loss + scale.weights[kind] * term
-            terms[f"loss/{AUX_KINDS[kind]}"] = float(term.detach())
+            terms[f"loss/{names[kind]}"] = float(term.detach())
         return loss, terms
