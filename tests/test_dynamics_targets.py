@@ -143,3 +143,52 @@ def test_response_spans_from_offsets_or_decoding_agree(tiny_checkpoint: Path) ->
     tokens = ids[:-1]
     assert _token_bounds(Slow(), text, tokens) == _token_bounds(policy.tokenizer, text, tokens)
     assert _token_bounds(policy.tokenizer, text, tokens)[6] == (22, 25)  # ">go": the tag's ">" and "go"
+
+
+# ---- the one template loader ----------------------------------------------------------------------
+
+
+def test_every_shipped_training_template_is_read_by_the_one_loader() -> None:
+    """Each JSON file of envrl/training/templates is a built-in of one kind, found through
+    :func:`envrl.training.templates.load_template` whatever its kind."""
+    from envrl.training.dynamics import BUILTIN_WORLD_MODEL_TEMPLATES
+    from envrl.training.rationales import load_rationale_template
+    from envrl.training.templates import template_file
+
+    folder = Path(str(template_file("")))
+    shipped = {path.name for path in folder.glob("*.json")}
+    assert shipped == {*BUILTIN_WORLD_MODEL_TEMPLATES.values(), "rationale.json"}
+    for name, file in BUILTIN_WORLD_MODEL_TEMPLATES.items():
+        template = load_world_model_template(name)
+        assert (template.name, template.source) == (file.removesuffix(".json").replace("_", "-"), f"builtin:{name}")
+    assert load_rationale_template("rationale").source == "builtin:rationale"
+
+
+def test_the_loader_reads_a_path_and_refuses_in_one_sentence(tmp_path: Path) -> None:
+    from envrl.training.templates import load_template as load_training_template
+
+    builtins = {"mine": "world_model.json"}
+    good = tmp_path / "t.json"
+    good.write_text('{"a": 1}', encoding="utf-8")
+    assert load_training_template(good, builtins=builtins, label="toy template") == ({"a": 1}, str(good))
+    data, source = load_training_template("mine", builtins=builtins, label="toy template")
+    assert source == "builtin:mine" and data["kind"] == "state-prediction"
+    with pytest.raises(KeyError, match=r"^\"unknown toy template 'nope': not one of mine and no such file\"$"):
+        load_training_template("nope", builtins=builtins, label="toy template", error=KeyError)
+    (tmp_path / "bad.json").write_text("{", encoding="utf-8")
+    with pytest.raises(TemplateError, match=rf"^world-model template {tmp_path / 'bad.json'} is not valid JSON: "):
+        load_world_model_template(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[1]", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^toy template {tmp_path / 'list.json'} must be a JSON object$"):
+        load_training_template(tmp_path / "list.json", builtins=builtins, label="toy template")
+
+
+def test_no_module_reads_the_training_templates_folder_itself() -> None:
+    """The loader is the only reader of envrl/training/templates: no other module opens it."""
+    root = Path(__file__).resolve().parents[1] / "envrl"
+    readers = [
+        path.relative_to(root).as_posix()
+        for path in root.rglob("*.py")
+        if 'joinpath("templates")' in path.read_text(encoding="utf-8") and "training" in path.parts
+    ]
+    assert readers == []

@@ -63,16 +63,15 @@ Follow-up templates
 
 from __future__ import annotations
 
-import json
 import string
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from envrl.agents.generation import Message
 from envrl.agents.prompts import TemplateError, Turn, clip_observation
+from envrl.training.templates import load_template
 
 #: built-in world-model templates, by name -> file in envrl/training/templates
 BUILTIN_WORLD_MODEL_TEMPLATES = {
@@ -300,24 +299,9 @@ def _turn_fields(turn: HistoryTurn) -> tuple[str, str]:
 def load_world_model_template(name_or_path: str | Path = "world-model") -> AnyWorldModelTemplate:
     """A built-in world-model template by name (:data:`BUILTIN_WORLD_MODEL_TEMPLATES`) or a JSON
     file by path: a :class:`FollowUpTemplate` when its ``form`` is ``follow-up``."""
-    name = str(name_or_path)
-    if name in BUILTIN_WORLD_MODEL_TEMPLATES:
-        file = resources.files("envrl.training").joinpath("templates").joinpath(BUILTIN_WORLD_MODEL_TEMPLATES[name])
-        text, source = file.read_text(encoding="utf-8"), f"builtin:{name}"
-    else:
-        path = Path(name)
-        if not path.is_file():
-            raise TemplateError(
-                f"unknown world-model template {name!r}: not one of "
-                f"{', '.join(BUILTIN_WORLD_MODEL_TEMPLATES)} and no such file"
-            )
-        text, source = path.read_text(encoding="utf-8"), str(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TemplateError(f"world-model template {source} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TemplateError(f"world-model template {source} must be a JSON object")
+    data, source = load_template(
+        name_or_path, builtins=BUILTIN_WORLD_MODEL_TEMPLATES, label="world-model template", error=TemplateError
+    )
     if data.get("form") == "follow-up":
         return FollowUpTemplate.from_dict(data, source=source)
     return WorldModelTemplate.from_dict(data, source=source)

@@ -27,17 +27,16 @@ never holds half a file.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
 from envrl.agents.generation import Backend, Message, SamplingConfig
+from envrl.training.templates import load_template
 
 RATIONALES_FILE = "rationales.parquet"
 #: the key of a rollout row (and of its rationale)
@@ -104,21 +103,8 @@ def cut(text: str, limit: int) -> str:
 
 def load_rationale_template(name_or_path: str | Path = DEFAULT_RATIONALE_TEMPLATE) -> RationaleTemplate:
     """The built-in ``rationale`` template, or a JSON file with its keys."""
-    name = str(name_or_path)
-    if name == DEFAULT_RATIONALE_TEMPLATE:
-        file = resources.files("envrl.training").joinpath("templates").joinpath("rationale.json")
-        text, source = file.read_text(encoding="utf-8"), f"builtin:{name}"
-    else:
-        path = Path(name)
-        if not path.is_file():
-            raise RationaleError(f"unknown rationale template {name!r}: not 'rationale' and no such file")
-        text, source = path.read_text(encoding="utf-8"), str(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RationaleError(f"rationale template {source} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise RationaleError(f"rationale template {source} must be a JSON object")
+    builtins = {DEFAULT_RATIONALE_TEMPLATE: "rationale.json"}
+    data, source = load_template(name_or_path, builtins=builtins, label="rationale template", error=RationaleError)
     missing = [key for key in _TEMPLATE_KEYS if key not in data]
     unknown = sorted(set(data) - {*_TEMPLATE_KEYS, "description"})
     if missing or unknown:
