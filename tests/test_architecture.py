@@ -160,3 +160,37 @@ def test_layers_import_only_what_they_may():
             if target != "envrl" and not any(target == a or target.startswith(a + ".") for a in allowed):
                 offences.append(f"{module} -> {target}")
     assert not offences, "imports across layers:\n" + "\n".join(offences)
+
+
+def _context_members() -> set[str]:
+    """The names :class:`~envrl.training.algorithms.base.TrainingContext` declares."""
+    tree = ast.parse((PACKAGE_DIR / "training" / "algorithms" / "base.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "TrainingContext":
+            return {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
+    raise AssertionError("algorithms/base.py defines no TrainingContext")
+
+
+def test_algorithms_read_from_the_loop_only_what_the_training_context_declares():
+    """``trainer.NAME`` in an algorithm module (and ``getattr(trainer, "NAME", ...)``) names a member
+    of ``TrainingContext``: an algorithm that reaches for more of the loop makes the protocol lie."""
+    members = _context_members()
+    assert {"policy", "config", "rank", "play"} <= members
+    found = []
+    for path in sorted((PACKAGE_DIR / "training" / "algorithms").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "trainer":
+                found.append((path.name, node.attr, node.lineno))
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == "trainer"
+                and isinstance(node.args[1], ast.Constant)
+            ):
+                found.append((path.name, str(node.args[1].value), node.lineno))
+    assert found  # the walk sees the algorithms' reads
+    outside = [f"{name}:{line} trainer.{attr}" for name, attr, line in found if attr not in members]
+    assert not outside, outside

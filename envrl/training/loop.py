@@ -11,6 +11,10 @@ The update
     processes, so the accumulated gradient is the token-mean over the whole minibatch, the
     same for any micro-batch size and any number of processes (DDP averages gradients, hence
     the factor ``world_size``). Gradients are clipped to ``optim.max_grad_norm``; AdamW.
+    Before the first step, an algorithm whose loss is a PPO ratio has the whole batch scored
+    once more, micro-batch by micro-batch as the steps will score it, for the old policy's and
+    the KL reference's log-probs (:meth:`Trainer.score_old_policy`): one forward pass per
+    update, so that the ratio at the first minibatch is exactly 1 and the KL exactly 0.
 
 Distributed
     Under ``accelerate launch`` each process plays its own rollouts (seeded by its rank) and
@@ -45,6 +49,7 @@ from envrl.training.algorithms import Algorithm, algorithm_class
 from envrl.training.checkpoints import check_output, checkpoint_dir, latest_checkpoint, load_state, save_state
 from envrl.training.config import ConfigError, TrainConfig
 from envrl.training.policy import Policy, scored_units
+from envrl.training.rollout import RolloutBatch
 
 
 class Trainer:
@@ -120,7 +125,7 @@ class Trainer:
 
     # ---- rollouts -----------------------------------------------------------------------------
 
-    def play(self, update: int) -> Any:
+    def play(self, update: int) -> RolloutBatch:
         """This update's rollouts: ``rollout.groups`` tasks drawn from (seed, update, rank)."""
         rollout = self._rollouts()
         assert self._task_ids is not None

@@ -7,11 +7,12 @@ from envrl.training.algorithms.envrl import ENVRL, ENVRLConfig
 from envrl.training.algorithms.gigpo import GiGPO, GiGPOConfig
 from envrl.training.algorithms.grpo import GRPO, GRPOConfig
 from envrl.training.algorithms.iwm import IWM, IWMConfig
+from envrl.training.algorithms.rloo import RLOO, RLOOConfig
 from envrl.training.algorithms.sft import SFT, SFTConfig
 from envrl.training.algorithms.sr import SR, SRConfig
 from envrl.training.config import ConfigError
 
-ALGORITHMS: dict[str, type[Algorithm]] = {algo.name: algo for algo in (SFT, GRPO, GiGPO, IWM, SR, ENVRL)}
+ALGORITHMS: dict[str, type[Algorithm]] = {algo.name: algo for algo in (SFT, GRPO, GiGPO, RLOO, IWM, SR, ENVRL)}
 
 
 def algorithm_class(name: str) -> type[Algorithm]:
@@ -33,6 +34,8 @@ __all__ = [
     "GiGPOConfig",
     "IWM",
     "IWMConfig",
+    "RLOO",
+    "RLOOConfig",
     "SFT",
     "SFTConfig",
     "SR",

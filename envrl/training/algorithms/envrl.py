@@ -104,7 +104,7 @@ import numpy as np
 import torch
 
 from envrl.agents.prompts import TemplateError
-from envrl.training.algorithms.base import Algorithm, Batch
+from envrl.training.algorithms.base import Algorithm, Batch, TrainingContext
 from envrl.training.algorithms.gigpo import GiGPO, GiGPOConfig
 from envrl.training.algorithms.grpo import GRPO, GRPOConfig
 from envrl.training.config import ConfigError
@@ -411,13 +411,13 @@ class ENVRL(Algorithm):
         }
         return samples, metrics
 
-    def collect(self, trainer: Any, update: int) -> Batch:
+    def collect(self, trainer: TrainingContext, update: int) -> Batch:
         batch = self.base.collect(trainer, update)
         c = trainer.config
         samples, metrics = self.attach(trainer.policy, list(batch.samples), update, c.updates, c.seed, trainer.rank)
         return Batch(samples, {**batch.metrics, **metrics})
 
-    def compute_loss(self, trainer: Any, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def compute_loss(self, trainer: TrainingContext, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
         steps = [s.step for s in samples]
         # one pass: the steps' units and their transitions' SP and ID rows, each scored in its
         # step's packed row where it begins with the step's prompt (see the module docstring)

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from envrl.training.advantages import grpo_advantages
-from envrl.training.algorithms.base import Algorithm, Batch
+from envrl.training.algorithms.base import Algorithm, Batch, TrainingContext
 from envrl.training.config import ConfigError
 from envrl.training.losses import kl_k3, masked_mean, ppo_clip_loss
 from envrl.training.policy import Scores
@@ -49,23 +49,31 @@ class GRPOConfig:
     entropy_coef: float = 0.0
 
 
+def check_group_size(name: str, train_config: Any) -> None:
+    """Refuse groups of fewer than 2 rollouts: group-relative advantages compare a group's members."""
+    if train_config.rollout.group_size < 2:
+        raise ConfigError(
+            f"{name} compares rollouts of the same task: rollout.group_size must be at least 2, "
+            f"got {train_config.rollout.group_size}"
+        )
+
+
 class GRPO(Algorithm):
     name = "grpo"
-    Config = GRPOConfig
+    Config: ClassVar[type] = GRPOConfig
     uses_rollouts = True
 
     def check(self, train_config: Any) -> None:
-        if train_config.rollout.group_size < 2:
-            raise ConfigError(
-                f"{self.name} compares rollouts of the same task: rollout.group_size must be at least 2, "
-                f"got {train_config.rollout.group_size}"
-            )
+        check_group_size(self.name, train_config)
         if self.config.norm not in ("mean_std", "mean"):
             raise ConfigError(f"algorithm.norm must be mean_std or mean, got {self.config.norm!r}")
         if self.config.episode_stats not in ("steps", "trajectories"):
             raise ConfigError(
                 f"algorithm.episode_stats must be steps or trajectories, got {self.config.episode_stats!r}"
             )
+
+    def needs_reference_model(self) -> bool:
+        return self.config.kl_coef > 0
 
     def advantages(self, samples: Sequence[Any]) -> np.ndarray:
         c = self.config
@@ -80,7 +88,7 @@ class GRPO(Algorithm):
             invalid_penalty=c.invalid_penalty,
         )
 
-    def collect(self, trainer: Any, update: int) -> Batch:
+    def collect(self, trainer: TrainingContext, update: int) -> Batch:
         rollout = trainer.play(update)
         metrics = rollout.metrics()
         if not rollout.samples:
@@ -99,11 +107,11 @@ class GRPO(Algorithm):
         # a sample without tokens (a failed generation) still shaped its group's statistics above
         return Batch([s for s in rollout.samples if s.response_ids], metrics)
 
-    def compute_loss(self, trainer: Any, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def compute_loss(self, trainer: TrainingContext, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
         return self.loss_from_scores(trainer, samples, trainer.policy.logprobs(samples))
 
     def loss_from_scores(
-        self, trainer: Any, samples: Sequence[Any], scores: Scores
+        self, trainer: TrainingContext, samples: Sequence[Any], scores: Scores
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of ``samples`` given their scored units under the current weights (ENVRL
         scores them in one pass with its own rows and hands them here)."""

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from envrl.agents.prompts import TemplateError
-from envrl.training.algorithms.base import Batch
+from envrl.training.algorithms.base import Batch, TrainingContext
 from envrl.training.algorithms.sft import SFT, SFTConfig
 from envrl.training.config import ConfigError
 from envrl.training.early_experience import EXPERT_FILE, ROLLOUT_FILE
@@ -84,7 +84,7 @@ def split_count(batch_size: int, fraction: float) -> int:
     return count
 
 
-def kind_losses(trainer: Any, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
+def kind_losses(trainer: TrainingContext, samples: Sequence[Any]) -> dict[str, torch.Tensor]:
     """The token cross-entropy of each kind of sample in ``samples`` (``sft`` for demonstrations),
     one forward pass for all; only the kinds present."""
     scores = trainer.policy.logprobs(samples, temperature=1.0)
@@ -141,7 +141,7 @@ class IWM(SFT):
                 f"algorithm.template must be a state-prediction template; {c.template!r} is {template.kind}"
             )
 
-    def prepare(self, trainer: Any) -> None:
+    def prepare(self, trainer: TrainingContext) -> None:
         """Read the folder and tokenize both pools once: demonstrations and world-model samples."""
         from envrl.training.dynamics import load_world_model_template, state_prediction_sample
 
@@ -190,7 +190,7 @@ class IWM(SFT):
         switch = self.switch_update(updates)
         return [0, switch] if self.config.schedule == "two_stage" and 0 < switch < updates else [0]
 
-    def collect(self, trainer: Any, update: int) -> Batch:
+    def collect(self, trainer: TrainingContext, update: int) -> Batch:
         c = self.config
         seed, rank, size = trainer.config.seed, trainer.rank, c.batch_size
         if c.schedule == "two_stage":
@@ -212,7 +212,7 @@ class IWM(SFT):
             metrics["epoch/world_model"] = (update + 1) * world / len(self.world_model)
         return Batch(picked, metrics)
 
-    def compute_loss(self, trainer: Any, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def compute_loss(self, trainer: TrainingContext, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
         losses = kind_losses(trainer, samples)
         terms: dict[str, float] = {}
         total = torch.zeros((), device=trainer.policy.device)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from envrl.training.algorithms.base import Algorithm, Batch
+from envrl.training.algorithms.base import Algorithm, Batch, TrainingContext
 from envrl.training.config import ConfigError
 from envrl.training.losses import token_cross_entropy
 
@@ -82,7 +82,7 @@ class SFT(Algorithm):
         if self.config.objective not in ("tokens", "choice"):
             raise ConfigError(f"algorithm.objective must be tokens or choice, got {self.config.objective!r}")
 
-    def prepare(self, trainer: Any) -> None:
+    def prepare(self, trainer: TrainingContext) -> None:
         """Load and tokenize the demonstrations once."""
         from envrl.training.data import load_sft_data
 
@@ -96,7 +96,7 @@ class SFT(Algorithm):
     def _demonstration(self, policy: Any, row: Any) -> Demonstration:
         return demonstration(policy, row["messages"], row["response"], row, self.config.objective)
 
-    def collect(self, trainer: Any, update: int) -> Batch:
+    def collect(self, trainer: TrainingContext, update: int) -> Batch:
         """Demonstrations ``update * batch_size ...`` of a seeded shuffle, reshuffled every epoch."""
         count = len(self.demonstrations)
         size = self.config.batch_size
@@ -107,7 +107,7 @@ class SFT(Algorithm):
             picked.append(self.demonstrations[int(order[offset])])
         return Batch(picked, {"epoch": (update + 1) * size / count})
 
-    def compute_loss(self, trainer: Any, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def compute_loss(self, trainer: TrainingContext, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
         scores = trainer.policy.logprobs(samples, temperature=1.0)
         loss = token_cross_entropy(scores.logprobs, scores.mask)
         return loss, {"loss/sft": float(loss.detach())}

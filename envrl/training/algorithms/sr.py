@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from envrl.agents.prompts import TemplateError, load_template, parse_response
-from envrl.training.algorithms.base import Algorithm, Batch
+from envrl.training.algorithms.base import Algorithm, Batch, TrainingContext
 from envrl.training.algorithms.iwm import REFLECTION_STREAM, draw, kind_losses, split_count
 from envrl.training.algorithms.sft import demonstration
 from envrl.training.config import ConfigError
@@ -91,7 +91,7 @@ class SR(Algorithm):
         except RationaleError as exc:
             raise ConfigError(str(exc)) from exc
 
-    def prepare(self, trainer: Any) -> None:
+    def prepare(self, trainer: TrainingContext) -> None:
         """Read the folder, get the rationales and tokenize both pools once."""
         from envrl.training.dynamics import TargetSample
         from envrl.training.rationales import ROW_KEY, rationales_for
@@ -128,7 +128,7 @@ class SR(Algorithm):
         if self.config.expert_fraction > 0 and not self.demonstrations:
             raise ConfigError(f"{data.folder} holds no expert steps to mix in")
 
-    def collect(self, trainer: Any, update: int) -> Batch:
+    def collect(self, trainer: TrainingContext, update: int) -> Batch:
         c = self.config
         seed, rank = trainer.config.seed, trainer.rank
         expert = split_count(c.batch_size, c.expert_fraction)
@@ -143,7 +143,7 @@ class SR(Algorithm):
             metrics["epoch"] = (update + 1) * expert / len(self.demonstrations)
         return Batch(picked, metrics)
 
-    def compute_loss(self, trainer: Any, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def compute_loss(self, trainer: TrainingContext, samples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
         losses = kind_losses(trainer, samples)
         terms: dict[str, float] = {}
         total = torch.zeros((), device=trainer.policy.device)
