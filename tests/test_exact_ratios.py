@@ -147,19 +147,21 @@ def _minibatches(calls: list[Any]) -> list[list[Any]]:
 
 
 CASES = [
-    ("grpo", "generate"),
-    ("grpo", "choose"),
-    ("gigpo", "choose"),
+    ("grpo", "generate", ()),
+    ("grpo", "choose", ()),
+    ("gigpo", "choose", ()),
     # choose mode: every step is format-valid, so ENVRL's SP and ID rows join the steps' packed rows
-    ("envrl", "choose"),
+    ("envrl", "choose", ()),
+    # the reference is the base model with the adapters off; the adapters start as a no-op (B = 0)
+    ("grpo", "generate", ("policy.lora_rank=4", "policy.lora_alpha=8")),
 ]
 
 
-@pytest.mark.parametrize("algo, mode", CASES)
+@pytest.mark.parametrize("algo, mode, extra", CASES, ids=[f"{a}-{m}{'-lora' if e else ''}" for a, m, e in CASES])
 def test_the_first_minibatch_has_ratio_one_and_kl_zero(
-    algo: str, mode: str, precision: str, tiny_checkpoint: Path, tmp_path: Path, monkeypatch
+    algo: str, mode: str, extra: tuple[str, ...], precision: str, tiny_checkpoint: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    trainer = _trainer(algo, mode, tiny_checkpoint, tmp_path / "out")
+    trainer = _trainer(algo, mode, tiny_checkpoint, tmp_path / "out", *extra)
     try:
         assert trainer.accelerator.mixed_precision == precision
         calls = _capture(monkeypatch, trainer)
