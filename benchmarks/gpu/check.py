@@ -205,16 +205,9 @@ class Check:
             "first_micro_batch": watch.records,
             **self.peak(),
         }
-        for key in (
-            "kl",
-            "entropy",
-            "grad_norm",
-            "success_rate",
-            "aux/samples",
-            "aux/tokens",
-            "weight/sp",
-            "weight/id",
-        ):
+        keys = ["kl", "entropy", "grad_norm", "success_rate", "aux/samples", "aux/tokens", "weight/sp", "weight/id"]
+        keys += sorted({k for r in rows for k in r if k.startswith("old_logprob/")})  # the sampler's gap
+        for key in keys:
             if any(key in r for r in rows):
                 figures[key] = [r.get(key) for r in rows]
         if count_eval:
@@ -429,13 +422,16 @@ class Check:
 
 
 class FirstMicroBatch:
-    """Records, for the first micro-batch of every update, the PPO ratio between the log-probs
-    the rollout recorded (``old_logprobs``) and the training forward pass before any optimizer
-    step of that update, and the loss terms the algorithm reported for it.
+    """Records, for the first micro-batch of every update (before its first optimizer step), the
+    PPO ratio between the samples' ``old_logprobs`` and a plain forward pass of the policy, and
+    the loss terms (``ppo/*``) the algorithm computed for it.
 
-    The ratio should be 1 there (same weights): its spread measures how far generation and the
-    training pass disagree numerically (bf16 autocast, kernels, padding), which PPO's clip then
-    treats as policy change."""
+    The weights are the ones the samples were drawn with, so the ratio should be 1. Where the loop
+    re-scores the old log-probs in the loss's own pass (``Trainer.score_old_policy``), the
+    algorithm's ``ppo/ratio_mean`` is exactly 1 and the plain pass here differs only by how rows
+    are packed; where the old log-probs are the sampler's, the spread measures how far generation
+    and the training pass disagree (bf16 autocast, KV cache, padding), which PPO's clip would
+    treat as policy change. The loop's ``old_logprob/rollout_gap*`` metrics give the sampler's gap."""
 
     def __init__(self, trainer: Any) -> None:
         self.records: list[dict[str, Any]] = []
@@ -449,7 +445,9 @@ class FirstMicroBatch:
 
         def watched_loss(tr: Any, chunk: Sequence[Any]) -> Any:
             record = None
-            if self._pending:
+            # the loop's old-policy (and reference) scoring pass calls the loss too, storing what
+            # it scores; the first micro-batch is the first call that computes a loss
+            if self._pending and not getattr(tr, "scoring_pass", None):
                 self._pending = False
                 record = ratio_stats(tr.policy, chunk, clip)
             loss, terms = compute_loss(tr, chunk)
@@ -586,6 +584,8 @@ def summary_line(name: str, result: StageResult) -> str:
         parts.append(
             f"first micro-batch |log ratio| max {first[0]['log_ratio_max_abs']:.3g}, clip {first[0]['clip_fraction']:.2f}"
         )
+    if f.get("old_logprob/rollout_gap_max"):
+        parts.append(f"sampler gap max {max(f['old_logprob/rollout_gap_max']):.3g}")
     if name == "overhead":
         parts.append(f"ENVRL/GRPO time x{f['time_ratio']:.2f} ({f['action_mode']}, {f['step_samples']} steps)")
     if name == "eval":
