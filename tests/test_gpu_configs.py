@@ -66,7 +66,9 @@ def data(tmp_path_factory) -> dict[tuple[str, str], Path]:
         expert = collect_expert_data(env, "train", 1, root / f"{env}-expert", template="action", history=2)
         folders["sft", env] = expert
         for algo in ("iwm", "sr"):
-            folders[algo, env] = build_early_experience(env, "train", expert, root / f"{env}-{algo}-ee", k=2)
+            folders[algo, env] = build_early_experience(
+                env, "train", expert, root / f"{env}-{algo}-ee", k=2, proposer="admissible"
+            )
         write_rationales(folders["sr", env], StandInWriter())
     return folders
 
