@@ -13,41 +13,33 @@ from typing import Any
 
 import gymnasium as gym
 
-from envrl.envs.diagnostics.base import SPLIT_KINDS as DIAGNOSTIC_SPLIT_KINDS
+from envrl.envs import alfworld, diagnostics, scienceworld, textworld, webshop
+from envrl.envs.descriptor import ContractTask as ContractTask
+from envrl.envs.descriptor import DescriptorError as DescriptorError
+from envrl.envs.descriptor import EnvDescriptor, collect
+
+#: short name -> descriptor: the one table of envs; each env package declares its own
+#: ``DESCRIPTORS`` (importing them imports no engine), and every table below derives from it
+REGISTRY: dict[str, EnvDescriptor] = collect(
+    d for package in (alfworld, webshop, textworld, scienceworld, diagnostics) for d in package.DESCRIPTORS
+)
 
 #: short name -> (Gymnasium id, entry point, default step limit)
-ENVIRONMENTS = {
-    "alfworld": ("envrl/ALFWorld-v0", "envrl.envs.alfworld.env:ALFWorldEnv", 50),
-    "webshop": ("envrl/WebShop-v0", "envrl.envs.webshop.env:WebShopEnv", 15),
-    "textworld": ("envrl/TextWorld-v0", "envrl.envs.textworld.env:TextWorldEnv", 50),
-    "scienceworld": ("envrl/ScienceWorld-v0", "envrl.envs.scienceworld.env:ScienceWorldEnv", 100),
-    # the diagnostics (docs/diagnostics.md) end every episode with their own move budget first
-    "diag-chain": ("envrl/Diag-Chain-v0", "envrl.envs.diagnostics.chain:ChainEnv", 200),
-    "diag-dynamics": ("envrl/Diag-Dynamics-v0", "envrl.envs.diagnostics.switchboard:DynamicsEnv", 200),
-    "diag-alternatives": ("envrl/Diag-Alternatives-v0", "envrl.envs.diagnostics.switchboard:AlternativesEnv", 200),
-    "diag-generalization": (
-        "envrl/Diag-Generalization-v0",
-        "envrl.envs.diagnostics.generalization:GeneralizationEnv",
-        200,
-    ),
-}
-ENV_IDS = {name: env_id for name, (env_id, _, _) in ENVIRONMENTS.items()}
+ENVIRONMENTS = {name: (d.env_id, d.entry_point, d.max_episode_steps) for name, d in REGISTRY.items()}
+ENV_IDS = {name: d.env_id for name, d in REGISTRY.items()}
 
-#: families whose engines must not run on two threads of one process at once. Loading an ALFWorld
-#: or TextWorld game parses its logic with TextWorld's one process-wide tatsu parser: two TextWorld
-#: resets on two threads failed inside it ("IndexError: pop from empty list"). A server or
-#: adapter that hosts many episodes in one process runs these on one shared thread.
-SINGLE_THREAD_ENVS = frozenset({"alfworld", "textworld"})
+#: families whose engines must not run on two threads of one process at once (a server or
+#: adapter that hosts many episodes in one process runs these on one shared thread)
+SINGLE_THREAD_ENVS = frozenset(name for name, d in REGISTRY.items() if d.single_thread)
 
 #: each env's splits in leaderboard order, with their kind: in-distribution (ID) or
 #: out-of-distribution (OOD); see docs/design.md
-SPLIT_KINDS: dict[str, dict[str, str]] = {
-    "alfworld": {"train": "ID", "valid_seen": "ID", "valid_unseen": "OOD", "ood_objects": "OOD"},
-    "webshop": {"train": "ID", "eval": "ID", "test": "ID", "test_ood": "OOD"},
-    "scienceworld": {"train": "ID", "dev": "ID", "test": "OOD"},
-    "textworld": {"train": "ID", "select": "ID", "valid": "ID", "test_ood": "OOD"},
-    **{name: dict(DIAGNOSTIC_SPLIT_KINDS) for name in ENVIRONMENTS if name.startswith("diag-")},
-}
+SPLIT_KINDS: dict[str, dict[str, str]] = {name: dict(d.split_kinds) for name, d in REGISTRY.items()}
+
+
+def describe(name: str) -> EnvDescriptor:
+    """The descriptor of a short name or a registered id; a ValueError naming the choices otherwise."""
+    return REGISTRY[env_name(name)]
 
 
 #: applied by ``gym.make`` outside ``TimeLimit``: lets the env know its episode was truncated

@@ -13,22 +13,33 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-#: engine packages whose versions a run records, by short env name
-ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
-    "alfworld": ("alfworld", "textworld"),
-    "webshop": ("flask", "bm25s", "rapidfuzz"),
-    "scienceworld": ("scienceworld",),
-    "textworld": ("textworld",),
-    # the diagnostics are envrl's own pure-Python code (envrl's version is recorded with every run)
-    "diag-chain": (),
-    "diag-dynamics": (),
-    "diag-alternatives": (),
-    "diag-generalization": (),
-}
+
+class _EnginePackages(Mapping[str, tuple[str, ...]]):
+    """Short env name -> the engine packages whose versions a run records, read from each env's
+    descriptor (``envrl.envs.REGISTRY``) when first asked: this module stays importable, and
+    its fast argument checks stay fast, without importing the envs."""
+
+    def _table(self) -> dict[str, tuple[str, ...]]:
+        from envrl.envs import REGISTRY
+
+        return {name: d.engine_packages for name, d in REGISTRY.items()}
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+#: engine packages whose versions a run records, by short env name (from the env descriptors)
+ENGINE_PACKAGES: Mapping[str, tuple[str, ...]] = _EnginePackages()
 
 #: packages whose versions can change an LLM agent's answers, by agent kind (the spec's prefix)
 AGENT_PACKAGES: dict[str, tuple[str, ...]] = {

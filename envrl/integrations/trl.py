@@ -215,37 +215,10 @@ class _ActEnvironment(EnvrlEnvironment):
         return self._step(action)
 
 
-class ALFWorldEnvironment(_ActEnvironment):
-    """``envrl/ALFWorld-v0``: a household task; the tool is ``act``."""
+def _webshop_intro() -> str:
+    from envrl.envs import REGISTRY
 
-    env_name = "alfworld"
-    default_split = "train"
-    intro = (
-        "You are a household robot in a simulated room. Move to receptacles, open and close them, pick up, heat, "
-        "cool, clean, slice and place objects to complete the task. Call the act tool with one action at a time."
-    )
-
-
-class ScienceWorldEnvironment(_ActEnvironment):
-    """``envrl/ScienceWorld-v0``: a science experiment; the tool is ``act``."""
-
-    env_name = "scienceworld"
-    default_split = "train"
-    intro = (
-        "You are an agent in a simulated science lab and house. Move between rooms, examine and use objects and "
-        "devices, and carry out the experiment the task asks for. Call the act tool with one action at a time."
-    )
-
-
-class TextWorldEnvironment(_ActEnvironment):
-    """``envrl/TextWorld-v0``: a text adventure; the tool is ``act``."""
-
-    env_name = "textworld"
-    default_split = "train"
-    intro = (
-        "You are playing a text adventure. Explore the rooms, use what you find, and complete the objective. "
-        "Call the act tool with one command at a time."
-    )
+    return REGISTRY["webshop"].tool_intro
 
 
 class WebShopEnvironment(EnvrlEnvironment):
@@ -253,11 +226,7 @@ class WebShopEnvironment(EnvrlEnvironment):
 
     env_name = "webshop"
     default_split = "train"
-    intro = (
-        "You are shopping on a web store for a customer. Call search with keywords where the page has a search "
-        "bar, and click with a button, product or option exactly as it is listed. The episode ends when you "
-        "click Buy Now."
-    )
+    intro = _webshop_intro()
 
     def search(self, query: str) -> str:
         """Search the store from a page with a search bar.
@@ -291,11 +260,55 @@ class WebShopEnvironment(EnvrlEnvironment):
         return head + _listing("Clickable (click tool)", clickable, self._admissible_limit)
 
 
-#: short name -> environment class
-ENVIRONMENTS: dict[str, type[EnvrlEnvironment]] = {
-    cls.env_name: cls
-    for cls in (ALFWorldEnvironment, ScienceWorldEnvironment, TextWorldEnvironment, WebShopEnvironment)
-}
+def _act_class(class_name: str, name: str) -> type[EnvrlEnvironment]:
+    """The ``act``-tool class of a registered env, built from its descriptor and bound to this
+    module's namespace, so that a factory of it pickles by reference."""
+    from envrl.envs import REGISTRY
+
+    descriptor = REGISTRY[name]
+    cls = type(
+        class_name,
+        (_ActEnvironment,),
+        {
+            "__doc__": f"``{descriptor.env_id}``; the tool is ``act``.",
+            "__module__": __name__,
+            "__qualname__": class_name,
+            "env_name": name,
+            "default_split": descriptor.default_split,
+            "intro": descriptor.tool_intro,
+        },
+    )
+    globals()[class_name] = cls
+    return cls
+
+
+def _class_name(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("-")) + "Environment"
+
+
+def _environments() -> dict[str, type[EnvrlEnvironment]]:
+    """Short name -> class for every registered env: WebShop's own verbs, ``act`` for the rest."""
+    from envrl.envs import REGISTRY
+
+    special = {
+        "alfworld": "ALFWorldEnvironment",
+        "scienceworld": "ScienceWorldEnvironment",
+        "textworld": "TextWorldEnvironment",
+    }
+    table: dict[str, type[EnvrlEnvironment]] = {}
+    for name in REGISTRY:
+        if name == WebShopEnvironment.env_name:
+            table[name] = WebShopEnvironment
+        else:
+            table[name] = _act_class(special.get(name, _class_name(name)), name)
+    return table
+
+
+#: short name -> environment class, one per registered env
+ENVIRONMENTS: dict[str, type[EnvrlEnvironment]] = _environments()
+ALFWorldEnvironment = ENVIRONMENTS["alfworld"]
+ScienceWorldEnvironment = ENVIRONMENTS["scienceworld"]
+TextWorldEnvironment = ENVIRONMENTS["textworld"]
 
 
 def _listing(title: str, items: Sequence[str], limit: int) -> str:
@@ -319,8 +332,10 @@ def environment_class(env: str) -> type[EnvrlEnvironment]:
     """The environment class of a short name (``textworld``) or Gymnasium id (``envrl/TextWorld-v0``)."""
     import envrl.envs
 
-    env_id = envrl.envs.env_id(env)  # a ValueError naming the choices for anything else
-    return next(cls for name, cls in ENVIRONMENTS.items() if envrl.envs.ENV_IDS[name] == env_id)
+    name = envrl.envs.env_name(env)  # a ValueError naming the choices for anything else
+    if name not in ENVIRONMENTS:  # registered after this module was imported
+        raise ValueError(f"environment {env!r} has no TRL class; re-import envrl.integrations.trl after registering it")
+    return ENVIRONMENTS[name]
 
 
 def environment_factory(env: str, **kwargs: Any) -> functools.partial[EnvrlEnvironment]:

@@ -15,3 +15,23 @@ How the pieces fit (each module has one job):
                    through a real browser.
 * ``server.py``    ``envrl webshop serve``: the site under gunicorn, with a health endpoint.
 """
+
+from envrl.envs.descriptor import ContractTask, EnvDescriptor
+
+DESCRIPTORS = (
+    EnvDescriptor(
+        name="webshop",
+        env_id="envrl/WebShop-v0",
+        entry_point="envrl.envs.webshop.env:WebShopEnv",
+        max_episode_steps=15,
+        split_kinds={"train": "ID", "eval": "ID", "test": "ID", "test_ood": "OOD"},
+        example_action="search[red running shoes]",
+        tool_intro=(
+            "You are shopping on a web store for a customer. Call search with keywords where the page has a "
+            "search bar, and click with a button, product or option exactly as it is listed. The episode ends "
+            "when you click Buy Now."
+        ),
+        contract_task=ContractTask(split="test", task_id="fixed_0"),
+        engine_packages=("flask", "bm25s", "rapidfuzz"),
+    ),
+)
