@@ -23,52 +23,25 @@ import envrl
 from envrl.agents import make_agent
 from envrl.envs.base import EPISODE_OVER_FEEDBACK, TextEnv
 
-DIAGNOSTICS = ("diag-chain", "diag-dynamics", "diag-alternatives", "diag-generalization")
-ENV_NAMES = ("alfworld", "webshop", "textworld", "scienceworld", *DIAGNOSTICS)
-#: where each diagnostic has tasks longer than two moves (the default Dynamics panel starts with at
-#: most 2 lights off, an ID table has at most 2 targets)
-DIAGNOSTIC_KWARGS: dict[str, dict[str, Any]] = {
-    "diag-dynamics": {"rules": 6},
-    "diag-generalization": {"split": "test_ood"},
-}
-
-
-def _long_diagnostic_task(name: str) -> str:
-    """The first task of a diagnostic whose expert plan takes more than 2 moves."""
-    probe = gym.make(
-        envrl.envs.ENV_IDS[name], expert_plan=True, **{"split": "train", **DIAGNOSTIC_KWARGS.get(name, {})}
-    )
-    task_id = next(
-        t for t in probe.unwrapped.task_ids if len(probe.reset(options={"task_id": t})[1]["expert_plan"]) > 2
-    )
-    probe.close()
-    return task_id
+#: every registered env, each played on its descriptor's contract task
+ENV_NAMES = tuple(envrl.envs.REGISTRY)
 
 
 @pytest.fixture
-def make_env(request, tw_cache) -> Callable[..., tuple[gym.Env, str]]:
-    """``make_env(name, **kwargs)``: a made env of that family and a task id its expert wins."""
+def make_env(request) -> Callable[..., tuple[gym.Env, str]]:
+    """``make_env(name, **kwargs)``: a made env of that family and a task id its expert wins
+    (the descriptor's ``contract_task``: its split, kwargs, fixtures; None: the split's first task)."""
     made: list[gym.Env] = []
 
     def make(name: str, **kwargs: Any) -> tuple[gym.Env, str]:
-        if name == "alfworld":
-            request.getfixturevalue("with_official_data")
-            env = gym.make("envrl/ALFWorld-v0", split="valid_seen", **kwargs)
-            task_id = env.unwrapped.task_ids[0]
-        elif name == "webshop":
-            env = gym.make("envrl/WebShop-v0", split="test", **kwargs)
-            task_id = "fixed_0"
-        elif name == "textworld":
-            env = gym.make("envrl/TextWorld-v0", split="train", cache_dir=tw_cache, **kwargs)
-            task_id = "tw-custom:train:0"
-        elif name in DIAGNOSTICS:
-            env = gym.make(envrl.envs.ENV_IDS[name], **{"split": "train", **DIAGNOSTIC_KWARGS.get(name, {}), **kwargs})
-            task_id = _long_diagnostic_task(name)
-        else:
-            env = gym.make("envrl/ScienceWorld-v0", task="4-2", split="dev", java_heap="256m", **kwargs)
-            task_id = "4-2:150"
+        descriptor = envrl.envs.REGISTRY[name]
+        task = descriptor.contract_task
+        for fixture in task.fixtures:
+            request.getfixturevalue(fixture)
+        from_fixtures = {key: request.getfixturevalue(fixture) for key, fixture in task.fixture_kwargs.items()}
+        env = gym.make(descriptor.env_id, split=task.split, **{**task.kwargs, **from_fixtures, **kwargs})
         made.append(env)
-        return env, task_id
+        return env, task.task_id or env.unwrapped.task_ids[0]
 
     yield make
     for env in made:
