@@ -261,13 +261,14 @@ class PolicyProposer:
         # on the very model that scores the choices (float32 on CPU, the checkpoint's dtype on CUDA)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype: Any = "auto" if self.device == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        self.model = model.to(self.device).eval()
         self.backend = HFBackend.from_loaded(path, self.model, AutoTokenizer.from_pretrained(path))
         self.template = template
         self.slots = slots
         self.sampling = SamplingConfig(temperature=1.0)
 
-    def fill(self, messages: Sequence[Mapping[str, str]], action: str, seed: int) -> str | None:
+    def fill(self, messages: Sequence[Mapping[str, Any]], action: str, seed: int) -> str | None:
         """``action`` with its slot replaced by the policy's own text (see the module docstring);
         the action unchanged when it has no slot; None when the policy left the slot empty."""
         import torch
@@ -278,7 +279,9 @@ class PolicyProposer:
             return action
         before, closing = head
         tokenizer = self.backend.tokenizer
-        ids = self.backend.encode(list(messages)) + list(tokenizer(before, add_special_tokens=False)["input_ids"])
+        ids = self.backend.encode([dict(m) for m in messages]) + list(
+            tokenizer(before, add_special_tokens=False)["input_ids"]
+        )
         if self.backend.context_length is not None:
             ids = ids[-max(1, self.backend.context_length - SLOT_TOKENS) :]
         config = GenerationConfig(
