@@ -457,3 +457,15 @@ def test_a_process_whose_accelerator_autocasts_is_refused_not_followed(tiny_chec
             Trainer(config)
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_trainer_naming_a_missing_checkpoint_stops_at_start_with_one_sentence(tmp_path: Path) -> None:
+    from envrl.training.loop import Trainer
+
+    missing = tmp_path / "no-such-model"
+    config = _config(sets=[f"out={tmp_path / 'run'}", f"policy.model={missing}"])
+    with pytest.raises(
+        ConfigError, match=f"^no checkpoint at {missing}: --model must name an existing checkpoint folder$"
+    ):
+        Trainer(config)
+    assert not (tmp_path / "run").exists()  # refused before anything was written

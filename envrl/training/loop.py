@@ -49,6 +49,7 @@ from envrl.training.algorithms import Algorithm, algorithm_class
 from envrl.training.checkpoints import check_output, checkpoint_dir, latest_checkpoint, load_state, save_state
 from envrl.training.config import ConfigError, TrainConfig
 from envrl.training.policy import Policy, scored_units
+from envrl.training.preflight import preflight
 from envrl.training.rollout import RolloutBatch
 
 
@@ -67,6 +68,7 @@ class Trainer:
         self.out = Path(config.out)
         self.algorithm: Algorithm = algorithm_class(config.algo)(config.algorithm)
         self.algorithm.check(config)
+        preflight(config)  # a missing checkpoint or a precision this device cannot run: one sentence, now
         # DDP's buffer broadcast before every forward would make ranks disagree on the number of
         # collective calls (a micro-batch of choose-mode and token samples runs the model twice); the model's only buffers
         # (rotary frequencies) never change, so there is nothing to broadcast.
