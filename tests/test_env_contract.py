@@ -161,3 +161,52 @@ def test_a_text_env_made_directly_still_ends_on_termination(tw_cache):
     _, final, _ = _play_expert(env, "tw-custom:train:0")
     _assert_over(env.step("look"), terminated=True, truncated=False, final=final)
     env.close()
+
+
+@pytest.mark.parametrize("name", ENV_NAMES)
+def test_check_text_env_passes_on_every_registered_env(make_env, name):
+    env, task_id = make_env(name, expert_plan=True)
+    envrl.envs.check_text_env(env, task_id)  # plays to a win, checks bad actions, the end and close()
+
+
+class _KeepsPlaying(gym.Wrapper):
+    """Broken on purpose: after the episode ends it passes steps on to a fresh episode."""
+
+    def step(self, action):
+        step = self.env.step(action)
+        if step[4].get("task_id") and step[0] == EPISODE_OVER_FEEDBACK:
+            self.env.reset(options={"task_id": step[4]["task_id"]})
+            return self.env.step(action)
+        return step
+
+
+class _DropsAKey(gym.Wrapper):
+    """Broken on purpose: its step info lacks ``step``."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        return observation, reward, terminated, truncated, {k: v for k, v in info.items() if k != "step"}
+
+
+class _RaisesOnNone(gym.Wrapper):
+    """Broken on purpose: a non-string action raises instead of getting feedback."""
+
+    def step(self, action):
+        if not isinstance(action, str):
+            raise ValueError("actions must be strings")
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize(
+    "wrapper, message",
+    [
+        (_KeepsPlaying, r"^step\('look'\) after the episode ended returned .* it must return 'The episode is over"),
+        (_DropsAKey, r"^step\(''\)'s info lacks step \(every info carries task_id, "),
+        (_RaisesOnNone, r"^step\(None\) raised ValueError: actions must be strings; it must answer with feedback$"),
+    ],
+)
+def test_check_text_env_names_the_broken_rule(wrapper, message):
+    env = wrapper(gym.make("envrl/Diag-Chain-v0", split="valid", expert_plan=True))
+    with pytest.raises(envrl.envs.EnvContractError, match=message):
+        envrl.envs.check_text_env(env, check_close=False)
+    env.close()

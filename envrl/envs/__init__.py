@@ -14,6 +14,8 @@ from typing import Any
 import gymnasium as gym
 
 from envrl.envs import alfworld, diagnostics, scienceworld, textworld, webshop
+from envrl.envs.checks import EnvContractError as EnvContractError
+from envrl.envs.checks import check_text_env as check_text_env
 from envrl.envs.descriptor import ContractTask as ContractTask
 from envrl.envs.descriptor import DescriptorError as DescriptorError
 from envrl.envs.descriptor import EnvDescriptor, collect
