@@ -36,7 +36,8 @@ $(STAMP): pyproject.toml
 # ScienceWorld's 30 cover all 30 tasks; TextWorld's games are generated on first use, ~1 min per split.)
 # Training (a few minutes on 2 cores): a from-scratch model learns TextWorld's custom quests by SFT on
 # 60 expert episodes; it is evaluated before and after (agents sft-demo@0 and sft-demo@50) beside
-# random and expert on the same 34 ID and 34 OOD custom games.
+# random and expert on the same 34 ID and 34 OOD custom games (their own run ids: the first TextWorld
+# runs above use the default families, and a run id names one setup).
 demo: $(STAMP)
 	env -u ALFWORLD_DATA $(EVAL) --env alfworld --split valid_seen --agent expert --episodes 140
 	env -u ALFWORLD_DATA $(EVAL) --env alfworld --split valid_unseen --agent expert --episodes 134
@@ -56,10 +57,10 @@ demo: $(STAMP)
 	$(EVAL) --env scienceworld --split test --agent random --episodes 30
 	for env in $(DIAGNOSTICS); do for split in valid test_ood; do for agent in expert random; do \
 		$(EVAL) --env $$env --split $$split --agent $$agent --episodes 200 || exit 1; done; done; done
-	$(EVAL) $(TW_CUSTOM) --split valid --agent random
-	$(EVAL) $(TW_CUSTOM) --split test_ood --agent random
-	$(EVAL) $(TW_CUSTOM) --split valid --agent expert
-	$(EVAL) $(TW_CUSTOM) --split test_ood --agent expert
+	$(EVAL) $(TW_CUSTOM) --split valid --agent random --run-id textworld-custom-valid-random-s0
+	$(EVAL) $(TW_CUSTOM) --split test_ood --agent random --run-id textworld-custom-test_ood-random-s0
+	$(EVAL) $(TW_CUSTOM) --split valid --agent expert --run-id textworld-custom-valid-expert-s0
+	$(EVAL) $(TW_CUSTOM) --split test_ood --agent expert --run-id textworld-custom-test_ood-expert-s0
 	test -f $(TRAIN_DIR)/model/config.json || $(BIN)/envrl model init $(TRAIN_DIR)/model --size tiny --envs textworld --vocab-size 2048
 	test -f $(TRAIN_DIR)/expert/meta.json || $(BIN)/envrl data expert --env textworld --split train --episodes 60 \
 		--template compact --history 0 --env-arg 'families=["custom"]' --out $(TRAIN_DIR)/expert --no-progress
