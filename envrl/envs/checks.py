@@ -40,8 +40,8 @@ def check_text_env(env: gym.Env, task_id: str | None = None, *, check_close: boo
     With ``check_close`` (the default) the env is closed at the end, since checking that
     ``close()`` is final needs it; pass False to keep using the env.
     """
-    _check_options(env, task_id)
-    observation, info = _reset(env, task_id)
+    _check_options(env)
+    _, info = _reset(env, task_id)
     _check_info(info, "reset()")
     start_task = info["task_id"]
     for action in BAD_ACTIONS:
@@ -51,7 +51,7 @@ def check_text_env(env: gym.Env, task_id: str | None = None, *, check_close: boo
             break  # a step limit this small ended the episode; the end is checked below
         if step[4]["valid_action"] is not False:
             raise EnvContractError(f"step({_show(action)}) was taken as a valid action; it must be feedback")
-    observation, info = _reset(env, task_id)
+    _, info = _reset(env, task_id)
     if info["task_id"] != start_task:
         raise EnvContractError(f"reset to task {start_task!r} gave task {info['task_id']!r}")
     final = _play_to_the_end(env, info)
@@ -60,7 +60,7 @@ def check_text_env(env: gym.Env, task_id: str | None = None, *, check_close: boo
         _check_close(env)
 
 
-def _check_options(env: gym.Env, task_id: str | None) -> None:
+def _check_options(env: gym.Env) -> None:
     for options in ([1], "task", 3):
         try:
             env.reset(options=options)  # type: ignore[arg-type]
