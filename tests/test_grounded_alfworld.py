@@ -15,6 +15,7 @@ import envrl  # noqa: F401
 from envrl.agents import make_agent
 from envrl.agents.expert import ExpertAgent
 from envrl.agents.grounded.alfworld import (
+    PRIOR_COMMAND,
     PRIOR_PATH,
     AlfworldSearchExpert,
     ReceptaclePrior,
@@ -24,6 +25,7 @@ from envrl.agents.grounded.alfworld import (
     mentions,
     parse_task,
     room_receptacles,
+    write_prior,
 )
 
 
@@ -225,7 +227,24 @@ def test_shipped_prior_loads_and_orders_as_its_counts_say():
     assert prior.order(room, ["soapbar"]) == ["sinkbasinbasin 1", "toilet 1", "cabinet 1", "towelholder 1"]
 
 
+def test_build_prior_counts_the_game_files_it_is_given(tmp_path):
+    paths = []
+    for index, problem in enumerate([PROBLEM, PROBLEM.replace("Pen_bar_1 Desk_bar_1", "Pen_bar_1 Drawer_bar_2")]):
+        paths.append(tmp_path / f"game{index}.json")
+        paths[-1].write_text(json.dumps({"pddl_problem": problem}))
+    prior = build_prior(paths, source="two rooms")
+    assert prior["source"] == "two rooms" and prior["command"] == PRIOR_COMMAND
+    assert prior["counts"] == count_placements(json.loads(p.read_text())["pddl_problem"] for p in paths)
+    write_prior(prior, tmp_path / "prior.json")
+    assert '"desk": [0, 2]' in (tmp_path / "prior.json").read_text()  # a cell on one line
+    assert load_prior(tmp_path / "prior.json").counts == prior["counts"]
+
+
 @pytest.mark.slow
 def test_shipped_prior_is_the_train_splits(monkeypatch):
+    from envrl.envs.alfworld.env import split_games
+
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
-    assert build_prior()["counts"] == json.loads(PRIOR_PATH.read_text())["counts"]
+    games = split_games("train", source="builtin")
+    counted = build_prior([game.path for game in games], source="train")["counts"]
+    assert counted == json.loads(PRIOR_PATH.read_text())["counts"]

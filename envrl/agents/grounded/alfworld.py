@@ -16,7 +16,14 @@ object is to be put there, so it does not start there), and so is the fridge of 
 task; ties keep the order of the room's description. Regenerate the prior (built-in games,
 no ``ALFWORLD_DATA`` needed; the split is generated on first use) with::
 
-    env -u ALFWORLD_DATA .venv/bin/python -m envrl.agents.grounded.alfworld
+    env -u ALFWORLD_DATA .venv/bin/python benchmarks/repro/alfworld_prior.py
+
+This module counts; it does not list the games. An agent acts through the env's text API only
+and may not import envs (``tests/test_architecture.py``), while the games of a split are the
+env's to list (``envrl.envs.alfworld.env.split_games``). So :func:`build_prior` takes the game
+files from its caller, and the command that lists them lives outside the package, where
+importing both sides is no layering question. The info dict could not carry this: the prior
+sums a thousand games' initial states, which no single episode shows.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 PRIOR_PATH = Path(__file__).with_name("alfworld_prior.json")
-PRIOR_COMMAND = "env -u ALFWORLD_DATA .venv/bin/python -m envrl.agents.grounded.alfworld"
+PRIOR_COMMAND = "env -u ALFWORLD_DATA .venv/bin/python benchmarks/repro/alfworld_prior.py"
 
 # an entity as the text names it: "cabinet 3", "sinkbasinbasin 1", "mug 2"
 _MENTION = re.compile(r"\b([a-z]+) (\d+)\b")
@@ -168,35 +175,23 @@ def load_prior(path: Path = PRIOR_PATH) -> ReceptaclePrior:
     return ReceptaclePrior(data["counts"])
 
 
-def build_prior(split: str = "train") -> dict[str, Any]:
-    """The prior's file content, counted over the built-in ``split``'s games (generated if needed)."""
-    import gymnasium as gym
-
-    import envrl  # noqa: F401  (registers the env ids)
-
-    env = gym.make("envrl/ALFWorld-v0", split=split, source="builtin")
-    try:
-        unwrapped: Any = env.unwrapped  # envrl's ALFWorldEnv, which lists its split's games
-        games = unwrapped.games
-    finally:
-        env.close()
-    problems = (json.loads(Path(game.path).read_text(encoding="utf-8"))["pddl_problem"] for game in games)
+def build_prior(game_files: Iterable[str | Path], source: str) -> dict[str, Any]:
+    """The prior's file content, counted over ALFWorld game files (each a JSON with a
+    ``pddl_problem``); ``source`` says in words which games they are."""
+    problems = (json.loads(Path(path).read_text(encoding="utf-8"))["pddl_problem"] for path in game_files)
     return {
         "about": "object type -> receptacle type -> [receptacles holding it, receptacles in rooms where it lies]",
-        "source": f"initial states of the {len(games)} built-in ALFWorld {split} games",
+        "source": source,
         "command": PRIOR_COMMAND,
         "counts": count_placements(problems),
     }
 
 
-def main() -> None:
-    """Write ``alfworld_prior.json`` from the built-in train split."""
-    prior = build_prior()
+def write_prior(prior: Mapping[str, Any], path: Path = PRIOR_PATH) -> None:
+    """Store ``prior`` at ``path``, one line per [hits, trials] cell (short enough to read)."""
     text = json.dumps(prior, indent=1, sort_keys=True)
-    # one line per [hits, trials] cell keeps the file short enough to read
     text = re.sub(r"\[\s*(\d+),\s*(\d+)\s*\]", r"[\1, \2]", text)
-    PRIOR_PATH.write_text(text + "\n", encoding="utf-8")
-    print(f"wrote {PRIOR_PATH} ({prior['source']})")
+    Path(path).write_text(text + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- the agent
@@ -264,7 +259,3 @@ class AlfworldSearchExpert:
         if not plan:
             raise RuntimeError("the planner has no plan left, though the task is not won (expert_plan is empty)")
         return str(plan[0])
-
-
-if __name__ == "__main__":
-    main()
