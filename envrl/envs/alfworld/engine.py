@@ -170,6 +170,14 @@ class AlfredEngine(stock_pddl.PddlEnv):
         self._fresh_state = False
         return super().step(command)
 
+    def replan(self) -> list[str]:
+        """The planner's actions from the current state to the goal (empty if it finds none).
+
+        The stock engine answers this only inside its info gathering; the env asks again
+        after each action the agent took off the plan, without reading the engine's state.
+        """
+        return self._pddl_state.replan(self._entity_infos) or []
+
 
 def with_command_style(game: dict[str, Any], style: str) -> dict[str, Any]:
     """A copy of an ALFWorld game whose put command reads in ``style`` ("move" or "put")."""

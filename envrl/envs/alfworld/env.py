@@ -200,8 +200,7 @@ class ALFWorldEnv(TextEnv):
                 return self._plan
             if self._plan and taken == self._plan[0]:
                 return self._plan[1:]
-        engine = self._engine.unwrapped
-        plan = engine._pddl_state.replan(engine._entity_infos) or []
+        plan = self._engine.unwrapped.replan()
         return [engine_lib.translate_command(a, self.command_style) for a in plan]
 
     def _close_engine(self) -> None:
