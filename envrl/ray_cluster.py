@@ -100,7 +100,7 @@ def connect_ray(address: str | None = None, init_kwargs: Mapping[str, Any] | Non
             return _started_here
         _started_here, _users = False, 0
         if address not in (None, "auto", "local"):
-            _check_reachable(address)
+            check_reachable(address)
             ray.init(address=address, **kwargs)
             return False
         if address != "local":
@@ -117,7 +117,7 @@ def connect_ray(address: str | None = None, init_kwargs: Mapping[str, Any] | Non
         return True
 
 
-def _check_reachable(address: str, timeout: float = REACHABLE_TIMEOUT) -> None:
+def check_reachable(address: str, timeout: float = REACHABLE_TIMEOUT) -> None:
     """Fail fast on a ``[ray://]host:port`` that nothing answers on (Ray itself retries for
     minutes)."""
     host, _, port = address.split("://", 1)[-1].rpartition(":")

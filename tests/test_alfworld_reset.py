@@ -125,7 +125,8 @@ def test_env_translates_each_game_once_and_the_planner_only_off_the_walkthrough(
 ):
     monkeypatch.setenv("ALFWORLD_DATA", str(official_alfworld))
     monkeypatch.setenv("ENVRL_CACHE", str(tmp_path))
-    monkeypatch.setattr(translations, "_DEFAULT_CACHE", None)  # a fresh process-wide cache
+    fresh = translations.TranslationCache()  # in tmp_path, as the engines' process-wide cache
+    monkeypatch.setattr(engine_lib, "default_translations", lambda: fresh)
     env = gym.make("envrl/ALFWorld-v0", split="valid_seen", expert_plan=True)
     first, second = env.unwrapped.task_ids[:2]
     openings = set()
@@ -267,7 +268,9 @@ def test_memory_is_a_bounded_lru(monkeypatch):
         made[problem] += 1
         return translations.PlannerTranslation("s" * 1000)  # 2,000 bytes as the cache counts them
 
-    monkeypatch.setitem(translations._KINDS, "planner", (fake_planner, translations.PlannerTranslation.from_json))
+    monkeypatch.setitem(
+        translations.TRANSLATION_KINDS, "planner", (fake_planner, translations.PlannerTranslation.from_json)
+    )
     cache = translations.TranslationCache(disk=False, memory_bytes=5_000)  # room for two
     for problem in ["a", "b", "a", "c"]:  # "a" was used after "b": "b" is the one dropped for "c"
         cache.planner("d", problem)

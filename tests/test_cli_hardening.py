@@ -158,7 +158,7 @@ def test_a_billion_episodes_are_streamed_not_listed(tmp_path, monkeypatch):
 
 def test_the_job_queue_skips_recorded_episodes_and_puts_retries_first():
     recorded = {0: None, 2: None, 7: None}  # 7 is beyond this run's plan: it does not count
-    queue = runner_module._missing_jobs(recorded, 5, ["a", "b"], seed=10)
+    queue = runner_module.missing_jobs(recorded, 5, ["a", "b"], seed=10)
     assert len(queue) == 3
     first = queue.popleft()
     assert (first.index, first.task_id, first.seed) == (1, "b", 11)
@@ -286,12 +286,12 @@ def test_handcoded_expert_can_play_games_with_traj_data(with_official_data):
     from envrl.agents import make_agent
 
     agent = make_agent("expert:handcoded")
-    probe = runner_module._probe_env("envrl/ALFWorld-v0", "valid_seen", agent.env_kwargs, agent)
+    probe = runner_module.probe_env("envrl/ALFWorld-v0", "valid_seen", agent.env_kwargs, agent)
     assert len(probe.task_ids) == 30 and probe.unplayable == {}
-    probe = runner_module._probe_env("envrl/ALFWorld-v0", "train", agent.env_kwargs, agent, episodes=40)
+    probe = runner_module.probe_env("envrl/ALFWorld-v0", "train", agent.env_kwargs, agent, episodes=40)
     assert len(probe.unplayable) == 30  # every train sample lacks traj_data.json
     planner = make_agent("expert")
-    assert runner_module._probe_env("envrl/ALFWorld-v0", "train", planner.env_kwargs, planner).unplayable == {}
+    assert runner_module.probe_env("envrl/ALFWorld-v0", "train", planner.env_kwargs, planner).unplayable == {}
 
 
 # ---- nothing unforeseen becomes a traceback ------------------------------------------------------

@@ -25,7 +25,7 @@ from envrl.training.dynamics import (  # noqa: E402
     inverse_dynamics_sample,
     load_world_model_template,
 )
-from envrl.training.policy import Policy, _token_bounds  # noqa: E402
+from envrl.training.policy import Policy, token_bounds  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "Play the text game: one action per turn."},
@@ -141,8 +141,8 @@ def test_response_spans_from_offsets_or_decoding_agree(tiny_checkpoint: Path) ->
         decode = staticmethod(policy.tokenizer.decode)
 
     tokens = ids[:-1]
-    assert _token_bounds(Slow(), text, tokens) == _token_bounds(policy.tokenizer, text, tokens)
-    assert _token_bounds(policy.tokenizer, text, tokens)[6] == (22, 25)  # ">go": the tag's ">" and "go"
+    assert token_bounds(Slow(), text, tokens) == token_bounds(policy.tokenizer, text, tokens)
+    assert token_bounds(policy.tokenizer, text, tokens)[6] == (22, 25)  # ">go": the tag's ">" and "go"
 
 
 # ---- the one template loader ----------------------------------------------------------------------

@@ -96,7 +96,7 @@ def launch_line(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
 def test_recipe_resolves_and_passes_its_checks(path: Path, data, tiny_checkpoint: Path, tmp_path: Path) -> None:
-    from envrl.training.loop import _schedule
+    from envrl.training.loop import lr_schedule
 
     algo, env = path.stem.split("_")
     config = resolve(path, tiny_checkpoint, tmp_path / "run", data.get((algo, env)))
@@ -107,7 +107,7 @@ def test_recipe_resolves_and_passes_its_checks(path: Path, data, tiny_checkpoint
     assert config.policy.action_mode in ("generate", "choose")
     assert config.rollout.split in SPLIT_KINDS[env]
     assert set(config.eval_splits()) <= set(SPLIT_KINDS[env]), config.eval_splits()
-    _schedule(config, algorithm.stage_starts(config.updates))
+    lr_schedule(config, algorithm.stage_starts(config.updates))
     preflight(config, mixed_precision="bf16", device="cuda", bf16=True)
     # float32 master weights: accelerate's bf16 autocast does the compute (the recipes' comments)
     assert (config.policy.dtype, config.policy.lora_rank) == ("float32", 0)

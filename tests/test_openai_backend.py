@@ -595,8 +595,8 @@ def test_per_prompt_seeds_go_into_each_request(serve, backend):
     ],
 )
 def test_logprobs_are_read_where_the_server_sent_them(logprobs, expected):
-    from envrl.agents.openai_backend import _parse_completion
+    from envrl.agents.openai_backend import parse_completion
 
     body = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop", "logprobs": logprobs}]}
-    gen = _parse_completion(json.dumps(body).encode())
+    gen = parse_completion(json.dumps(body).encode())
     assert (gen.text, gen.token_ids, gen.token_logprobs) == ("hi", *expected)

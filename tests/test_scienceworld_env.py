@@ -32,7 +32,7 @@ import envrl  # noqa: E402,F401
 from envrl.agents import make_agent  # noqa: E402
 from envrl.envs.base import INFO_KEYS, MAX_ACTION_LENGTH  # noqa: E402
 from envrl.envs.scienceworld import Engine, EngineDiedError  # noqa: E402
-from envrl.envs.scienceworld.engine import _heap_option  # noqa: E402
+from envrl.envs.scienceworld.engine import java_heap_option  # noqa: E402
 from envrl.envs.scienceworld.env import (  # noqa: E402
     LazyAdmissibleActions,
     ScienceWorldEnv,
@@ -180,7 +180,7 @@ def test_java_heap_sizes_that_work():
     ]:
         assert ScienceWorldEnv(java_heap=heap).engine is None
         assert Engine.check_options(java_heap=heap) is None
-        assert _heap_option(heap) == option, heap
+        assert java_heap_option(heap) == option, heap
     with pytest.raises(ValueError, match="at least '256m' with expert_plan=True"):
         ScienceWorldEnv(java_heap="128m", expert_plan=True)
     assert ScienceWorldEnv(java_heap="256m", expert_plan=True).engine is None

@@ -239,7 +239,7 @@ def test_cache_layout_and_atomic_publish(tw_cache, tmp_path):
     (final / "meta.json").write_text("{}")
     late = tmp_path / ".0000.tmp-1"
     late.mkdir()
-    generate._publish(late, final)
+    generate.publish(late, final)
     assert (final / "meta.json").read_text() == "{}"
 
 

@@ -326,16 +326,16 @@ def test_two_stage_switches_at_the_rounded_fraction_and_then_is_sft(tiny_checkpo
 def test_two_stage_restarts_the_learning_rate_schedule_for_imitation() -> None:
     """Each stage gets warmup and cosine decay over its own updates (hand-computed values)."""
     from envrl.training.config import TrainConfig
-    from envrl.training.loop import _schedule
+    from envrl.training.loop import lr_schedule
 
     config = TrainConfig(algo="iwm", env="textworld", updates=6)
     config.optim.schedule, config.optim.warmup_updates = "cosine", 1
     iwm = IWM(IWMConfig(world_model_fraction=0.5))
     assert iwm.stage_starts(6) == [0, 3]
-    lr = _schedule(config, iwm.stage_starts(6))
+    lr = lr_schedule(config, iwm.stage_starts(6))
     # per stage of 3 updates: warmup 1/1, then cosine over the remaining 2: 0.5 * (1 + cos(pi * k / 2))
     assert [round(lr(step), 6) for step in range(6)] == [1.0, 1.0, 0.5, 1.0, 1.0, 0.5]
-    assert [round(_schedule(config)(step), 6) for step in range(6)] == [
+    assert [round(lr_schedule(config)(step), 6) for step in range(6)] == [
         1.0,
         1.0,
         0.904508,

@@ -208,11 +208,11 @@ def test_cli_eval_ray(tmp_path, capsys):
 
 def test_an_unreachable_address_fails_fast(tmp_path, capsys):
     from envrl.cli import main
-    from envrl.ray_cluster import _check_reachable
+    from envrl.ray_cluster import check_reachable
 
     start = time.monotonic()
     with pytest.raises(ConnectionError, match="nothing answers"):
-        _check_reachable("ray://127.0.0.1:1")
+        check_reachable("ray://127.0.0.1:1")
     assert time.monotonic() - start < 10
     assert (
         main(

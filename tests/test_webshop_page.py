@@ -71,7 +71,7 @@ def _render_item_page(app, chosen: dict[str, str]) -> tuple[str, str]:
             asin=PRODUCT["asin"],
             options_json=json.dumps(chosen),
             back_url=results_url("fixed_7", keywords, 2),
-            groups=site._option_groups("fixed_7", PRODUCT["asin"], keywords, 2, PRODUCT, chosen),
+            groups=site.option_groups("fixed_7", PRODUCT["asin"], keywords, 2, PRODUCT, chosen),
             sub_pages=[
                 (name, item_sub_url("fixed_7", PRODUCT["asin"], keywords, 2, name, chosen))
                 for name in ("Description", "Features", "Reviews")

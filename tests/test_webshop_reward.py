@@ -395,7 +395,7 @@ def _agreement():
     for title, labels in LABELLED_TITLES:
         expected = labels.split()
         predicted = R.approx_nouns(title)
-        for token in R._tokens(title):
+        for token in R.title_tokens(title):
             if any(ch.isalpha() for ch in token):
                 total += 1
                 agree += (token in predicted) == (token in expected)

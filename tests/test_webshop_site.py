@@ -218,7 +218,7 @@ def test_item_flow_options_sub_pages_and_buy(client, store):
     assert done_response.status_code == 200 and done.kind == "done"
     expected, info = store.reward(2, asin, chosen)
     assert done.reward == float(expected)
-    assert done.reward_info == json.loads(json.dumps(site._jsonable(info)))
+    assert done.reward_info == json.loads(json.dumps(site.jsonable(info)))
     assert done.asin == asin and done.options == chosen and done.clickables == {}
     text = render_observation(done, "text")
     assert text.startswith("Thank you for shopping with us!")

@@ -239,7 +239,7 @@ class OpenAIBackend:
             try:
                 outcome = self._attempt(params)
             except Exception as exc:  # a bug must not take the whole batch down
-                outcome = _Failure("unexpected error", f"{type(exc).__name__}: {exc}", retryable=False)
+                outcome = AttemptFailure("unexpected error", f"{type(exc).__name__}: {exc}", retryable=False)
             latency = time.monotonic() - started
             if isinstance(outcome, Generation):
                 outcome.latency, outcome.attempts = latency, attempts
@@ -250,27 +250,29 @@ class OpenAIBackend:
             if self._closed.wait(self._backoff(attempts, outcome.retry_after)):
                 return self._give_up(outcome, attempts, note="backend closed")
 
-    def _attempt(self, params: dict[str, Any]) -> Generation | _Failure:
+    def _attempt(self, params: dict[str, Any]) -> Generation | AttemptFailure:
         """Send one HTTP request and turn whatever happens into a result or a failure."""
         openai = self._openai
         try:
             with self._client.chat.completions.with_streaming_response.create(**params) as response:
                 body = self._read_body(response)
         except openai.APITimeoutError:
-            return _Failure("timeout", f"no response within {self.timeout:g}s", retryable=True)
+            return AttemptFailure("timeout", f"no response within {self.timeout:g}s", retryable=True)
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
-            return _Failure("connection error", f"{type(cause).__name__}: {cause}", retryable=True)
+            return AttemptFailure("connection error", f"{type(cause).__name__}: {cause}", retryable=True)
         except openai.APIStatusError as exc:
             status = exc.status_code
             retryable = status in (408, 429) or status >= 500
             retry_after = _retry_after(exc.response.headers) if retryable else None
-            return _Failure(f"HTTP {status}", _error_detail(exc.body), retryable=retryable, retry_after=retry_after)
-        if isinstance(body, _Failure):
+            return AttemptFailure(
+                f"HTTP {status}", _error_detail(exc.body), retryable=retryable, retry_after=retry_after
+            )
+        if isinstance(body, AttemptFailure):
             return body
-        return _parse_completion(body)
+        return parse_completion(body)
 
-    def _read_body(self, response: Any) -> bytes | _Failure:
+    def _read_body(self, response: Any) -> bytes | AttemptFailure:
         """Read the body with a size cap and a deadline; the client only bounds each read."""
         deadline = time.monotonic() + self.timeout
         chunks: list[bytes] = []
@@ -279,13 +281,15 @@ class OpenAIBackend:
             for chunk in response.iter_bytes():
                 size += len(chunk)
                 if size > MAX_BODY_BYTES:
-                    return _Failure("oversized response", f"body over {MAX_BODY_BYTES // 2**20} MiB", retryable=False)
+                    return AttemptFailure(
+                        "oversized response", f"body over {MAX_BODY_BYTES // 2**20} MiB", retryable=False
+                    )
                 if time.monotonic() > deadline:
-                    return _Failure("timeout", f"body still arriving after {self.timeout:g}s", retryable=True)
+                    return AttemptFailure("timeout", f"body still arriving after {self.timeout:g}s", retryable=True)
                 chunks.append(chunk)
         except Exception as exc:  # transport errors surface here unwrapped by the client
             kind = "timeout" if "timeout" in type(exc).__name__.lower() else "connection error"
-            return _Failure(kind, f"{type(exc).__name__} while reading the body: {exc}", retryable=True)
+            return AttemptFailure(kind, f"{type(exc).__name__} while reading the body: {exc}", retryable=True)
         return b"".join(chunks)
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
@@ -298,7 +302,7 @@ class OpenAIBackend:
             jitter = self._rng.random()
         return ceiling * (0.5 + 0.5 * jitter)
 
-    def _give_up(self, failure: _Failure, attempts: int, note: str = "") -> Generation:
+    def _give_up(self, failure: AttemptFailure, attempts: int, note: str = "") -> Generation:
         plural = "attempt" if attempts == 1 else "attempts"
         detail = f"{failure.detail} ({note})" if note else failure.detail
         error = _one_line(f"{failure.kind} after {attempts} {plural}: {detail}", self._secret)
@@ -317,7 +321,7 @@ class OpenAIBackend:
 
 
 @dataclass
-class _Failure:
+class AttemptFailure:
     """Why one attempt failed, and whether another attempt could help."""
 
     kind: str
@@ -326,12 +330,12 @@ class _Failure:
     retry_after: float | None = None
 
 
-def _parse_completion(raw: bytes) -> Generation | _Failure:
+def parse_completion(raw: bytes) -> Generation | AttemptFailure:
     """A chat.completion body to a :class:`Generation`; anything unusable is a retryable
     "bad response" (servers under load return truncated or empty bodies now and then)."""
 
-    def bad(why: str) -> _Failure:
-        return _Failure("bad response", why, retryable=True)
+    def bad(why: str) -> AttemptFailure:
+        return AttemptFailure("bad response", why, retryable=True)
 
     try:
         body = json.loads(raw)

@@ -277,7 +277,7 @@ def _check_env_and_agent(
         merged_kwargs.update(env_kwargs or {})
         protocol_of = getattr(agent, "protocol", None)
         agent_protocol = dict(protocol_of()) if callable(protocol_of) else {}
-        probe = _probe_env(env_id, split, merged_kwargs, agent, episodes)
+        probe = probe_env(env_id, split, merged_kwargs, agent, episodes)
     finally:
         close_quietly(agent)
     if not probe.task_ids:
@@ -303,7 +303,7 @@ def _build_checked_agent(agent_spec: AgentSpec, env_short: str, agent_options: M
 
 
 @dataclass(frozen=True)
-class _Probe:
+class EnvProbe:
     """What the parent learns from making the env once, before the run is registered."""
 
     task_ids: list[str]
@@ -311,9 +311,9 @@ class _Probe:
     unplayable: dict[str, str]  # task id -> why the agent cannot play it (tasks this run would play)
 
 
-def _probe_env(
+def probe_env(
     env_id: str, split: str, env_kwargs: Mapping[str, Any], agent: Any = None, episodes: int | None = None
-) -> _Probe:
+) -> EnvProbe:
     """Make the env once and read the split's task ids and the step limit, and ask ``agent``
     (its optional ``unplayable_tasks(env, task_ids)``) which of the tasks the run would play
     it cannot play. Bad input becomes EvaluationError (an env may reject an unknown split in
@@ -329,7 +329,7 @@ def _probe_env(
         played = task_ids if episodes is None else task_ids[:episodes]
         check = getattr(agent, "unplayable_tasks", None)
         unplayable = dict(check(env.unwrapped, played)) if callable(check) and played else {}
-        return _Probe(task_ids, step_limit, unplayable)
+        return EnvProbe(task_ids, step_limit, unplayable)
     except ModuleNotFoundError as exc:
         missing = exc.name or getattr(exc.__cause__, "name", None)
         if ":" in env_id and missing and env_id.startswith(missing.split(".")[0]):  # "module:id" typo
@@ -344,7 +344,7 @@ def _probe_env(
             close_quietly(env)
 
 
-def _check_playable(agent_label: str, split: str, probe: _Probe, episodes: int) -> None:
+def _check_playable(agent_label: str, split: str, probe: EnvProbe, episodes: int) -> None:
     """EvaluationError naming the tasks the agent has said it cannot play: each would be
     recorded as an errored episode (and never retried), so the run is refused up front."""
     if not probe.unplayable:
@@ -407,7 +407,7 @@ def _open_run(runs_dir: str | os.PathLike[str] | None, run_id: str, config: RunC
 # ---- 4. the pool, 5. playing ----------------------------------------------------------------
 
 
-def _missing_jobs(recorded: Mapping[int, Any], episodes: int, task_ids: list[str], seed: int) -> JobQueue:
+def missing_jobs(recorded: Mapping[int, Any], episodes: int, task_ids: list[str], seed: int) -> JobQueue:
     """The episodes ``0..episodes-1`` not recorded yet, as a queue that makes each job only
     when it is handed out: memory stays flat however many episodes are planned."""
     done = sum(1 for i in recorded if 0 <= i < episodes)
@@ -506,7 +506,7 @@ def _play(
     **pool_options: Any,
 ) -> int:
     """Play the episodes the run has not recorded yet; returns how many were played."""
-    jobs = _missing_jobs(writer.records, config.episodes, task_ids, config.seed)
+    jobs = missing_jobs(writer.records, config.episodes, task_ids, config.seed)
     if not jobs:
         return 0
     recorded = config.episodes - len(jobs)

@@ -107,7 +107,7 @@ class Trainer:
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, _schedule(config, self.algorithm.stage_starts(config.updates))
+            optimizer, lr_schedule(config, self.algorithm.stage_starts(config.updates))
         )
         self.policy.model, self.optimizer, self.scheduler = self.accelerator.prepare(
             self.policy.model, optimizer, scheduler
@@ -385,7 +385,7 @@ def _summary_numbers(summary: Any) -> dict[str, Any]:
     return {"run_id": summary.run_id, **summary.metrics.overall.to_dict()}
 
 
-def _schedule(config: TrainConfig, stage_starts: Sequence[int] = (0,)) -> Any:
+def lr_schedule(config: TrainConfig, stage_starts: Sequence[int] = (0,)) -> Any:
     """The learning-rate multiplier per optimizer step: linear warmup, then constant, linear or cosine
     decay, restarted at each stage's first update (``stage_starts``, 0-based updates; one stage
     by default), so each stage has the whole schedule over its own updates."""

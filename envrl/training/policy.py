@@ -144,7 +144,7 @@ class Policy:
         span with one beside it into one token (``>t`` in ``<action>take``), that token is in the
         span, since it cannot be split without changing them. The end-of-turn token is never in it."""
         ids = self.encode_response(text)
-        bounds = _token_bounds(self.tokenizer, text, ids[:-1])
+        bounds = token_bounds(self.tokenizer, text, ids[:-1])
         first = next((k for k, (_, stop) in enumerate(bounds) if stop > start), len(bounds))
         if end <= start:
             return ids, first, first
@@ -448,7 +448,7 @@ def shared_start(samples: Sequence[ScoredSample]) -> int:
     return max(0, min([common_prefix_length(rows)] + [len(s.prompt_ids) - 1 for s in samples]))
 
 
-def _token_bounds(tokenizer: Any, text: str, ids: Sequence[int]) -> list[tuple[int, int]]:
+def token_bounds(tokenizer: Any, text: str, ids: Sequence[int]) -> list[tuple[int, int]]:
     """Each of ``ids`` (``text``'s tokens, no special tokens) as the characters ``[begin, end)`` of
     ``text`` it writes: a fast tokenizer's offsets, else the lengths of the decoded prefixes."""
     if getattr(tokenizer, "is_fast", False):

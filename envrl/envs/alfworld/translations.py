@@ -229,7 +229,9 @@ def translate_planner(domain: str, problem: str) -> PlannerTranslation:
     return PlannerTranslation(_pddl2sas(domain, problem, optimize=True)[1])
 
 
-_KINDS: dict[str, tuple[Callable[[str, str], Any], Callable[[dict[str, Any]], Any]]] = {
+#: kind -> (translate a problem, read a stored translation back): the cache looks both up here,
+#: so a test can stand in a fake translator for one kind
+TRANSLATION_KINDS: dict[str, tuple[Callable[[str, str], Any], Callable[[dict[str, Any]], Any]]] = {
     "state": (translate_state, StateTranslation.from_json),
     "planner": (translate_planner, PlannerTranslation.from_json),
 }
@@ -292,7 +294,7 @@ class TranslationCache:
         if found is not None:
             self.stats["disk_hits"] += 1
         else:
-            translate, _ = _KINDS[kind]
+            translate, _ = TRANSLATION_KINDS[kind]
             found = translate(domain, problem)
             self.stats["translations"] += 1
             if self.disk and self._writable:
@@ -388,7 +390,7 @@ def decode_entry(blob: bytes, kind: str, key: str) -> Any:
     translation = document.get("translation")
     if not isinstance(translation, dict):
         raise CorruptEntry("no translation in entry")
-    return _KINDS[kind][1](translation)
+    return TRANSLATION_KINDS[kind][1](translation)
 
 
 _DEFAULT_CACHE: TranslationCache | None = None

@@ -136,7 +136,7 @@ def check_java_heap(java_heap: object, minimum: str = MIN_JAVA_HEAP, why: str = 
     return size
 
 
-def _heap_option(java_heap: object) -> list[str]:
+def java_heap_option(java_heap: object) -> list[str]:
     """``-Xmx`` for ``java_heap`` (checked), written without leading zeros."""
     if check_java_heap(java_heap) is None:
         return []
@@ -228,7 +228,7 @@ class Engine:
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ):
         self.java_options = [
-            *_heap_option(java_heap),
+            *java_heap_option(java_heap),
             *DEFAULT_JAVA_OPTIONS,
             *REQUIRED_JAVA_OPTIONS,
             *(DETERMINISTIC_JAVA_OPTIONS if deterministic else ()),
@@ -260,7 +260,7 @@ class Engine:
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         """Raise ValueError for options that cannot work, without starting anything."""
-        _heap_option(java_heap)
+        java_heap_option(java_heap)
         if java_options is not None and (
             isinstance(java_options, str) or not all(isinstance(o, str) for o in java_options)
         ):

@@ -296,12 +296,15 @@ def _generate_into(task_id: str, directory: Path) -> None:
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"generating TextWorld game {task_id} failed:\n{result.stderr[-4000:]}")
-        _publish(tmp, directory)
+        publish(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def publish(tmp: Path, final: Path) -> None:
+    """Move a finished game directory ``tmp`` to ``final`` in one rename, so no reader sees half
+    a game; when another process published ``final`` first, its copy stays and ``tmp`` is left
+    for the caller to discard."""
     try:
         os.rename(tmp, final)
     except OSError:

@@ -149,7 +149,7 @@ _NUMBER_UNIT = re.compile(r"^\d+(?:\.\d+)?([a-z]+)$")
 _EDGE = "'’.-–—_#%$@~`^=<>"
 
 
-def _tokens(title: str) -> list[str]:
+def title_tokens(title: str) -> list[str]:
     """Lowercased word tokens, split about where spaCy's English tokenizer splits them."""
     out: list[str] = []
     for chunk in _SPLIT.split(title.lower()):
@@ -184,7 +184,7 @@ def _is_noun(token: str) -> bool:
 
 def approx_nouns(title: str) -> list[str]:
     """The title's nouns by the documented approximation, lowercased, in order, with repeats."""
-    return [t for t in _tokens(title) if _is_noun(t)]
+    return [t for t in title_tokens(title) if _is_noun(t)]
 
 
 _SPACY_MODELS = ("en_core_web_lg", "en_core_web_md", "en_core_web_sm", "en_core_web_trf")

@@ -241,27 +241,29 @@ def _check_form_bytes(body: bytes) -> None:
 # ---- rendering helpers ----------------------------------------------------------------------
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """The reward details as plain JSON values (sets sorted, numpy scalars unwrapped)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
+        return {str(key): jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
+        return [jsonable(item) for item in value]
     if isinstance(value, (set, frozenset)):
-        return sorted((_jsonable(item) for item in value), key=repr)
+        return sorted((jsonable(item) for item in value), key=repr)
     if hasattr(value, "item"):  # numpy scalar
         try:
-            return _jsonable(value.item())
+            return jsonable(value.item())
         except (TypeError, ValueError):
             pass
     return str(value)
 
 
-def _option_groups(
+def option_groups(
     session_id: str, asin: str, keywords: list[str], page: int, product: dict[str, Any], chosen: dict[str, str]
 ) -> list[dict[str, Any]]:
+    """The item page's option buttons: per option name, each value with whether it is chosen and
+    the URL that chooses it (keeping the other choices), in the product's option order."""
     groups = []
     for name, values in (product.get("options") or {}).items():
         choices = []
@@ -412,7 +414,7 @@ def create_app(store: WebShopStore | None = None) -> Flask:
             asin=asin,
             options_json=json.dumps(chosen, ensure_ascii=False),
             back_url=results_url(session_id, words, number),
-            groups=_option_groups(session_id, asin, words, number, product, chosen),
+            groups=option_groups(session_id, asin, words, number, product, chosen),
             sub_pages=[(name, item_sub_url(session_id, asin, words, number, name, chosen)) for name in SUB_PAGES[:3]],
             buy_url=done_url(session_id, asin, chosen),
         )
@@ -453,7 +455,7 @@ def create_app(store: WebShopStore | None = None) -> Flask:
             "asin": asin,
             "options": chosen,
             "reward": reward,
-            "reward_info": _jsonable(info),
+            "reward_info": jsonable(info),
         }
         return render_template(
             "done.html",
