@@ -1,5 +1,6 @@
-"""The shape of the package: no import cycles among envrl's modules, and no module reaching
-into another's private names.
+"""The shape of the package: no import cycles among envrl's modules, no module reaching
+into another's private names (imported or read as attributes), agents that never reach envs
+(not even through ``import envrl``), and tests that use only public names.
 
 Both are read from the source with :mod:`ast` (nothing is imported), counting every
 ``import envrl...`` and ``from envrl... import`` (absolute or relative), at module level and
@@ -14,10 +15,12 @@ case, not a cycle.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "envrl"
+TESTS_DIR = Path(__file__).resolve().parent
 
 
 def _modules() -> dict[str, Path]:
@@ -194,3 +197,280 @@ def test_algorithms_read_from_the_loop_only_what_the_training_context_declares()
     assert found  # the walk sees the algorithms' reads
     outside = [f"{name}:{line} trainer.{attr}" for name, attr, line in found if attr not in members]
     assert not outside, outside
+
+
+def _private(name: str) -> bool:
+    """One leading underscore, not a dunder: ``_x`` is private, ``__init__`` is not."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name; None when the chain starts elsewhere (a call)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _constant_attribute(node: ast.AST) -> tuple[str, ast.expr, str] | None:
+    """(function, object, name) for ``getattr(obj, "name", ...)`` and its siblings (``setattr``,
+    ``monkeypatch.setattr``, ...): an attribute access by another spelling."""
+    if not (isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+        return None
+    function = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+    if function in ("getattr", "hasattr", "setattr", "delattr") and isinstance(node.args[1].value, str):
+        return function, node.args[0], node.args[1].value
+    return None
+
+
+# ---- agents do not reach envs -----------------------------------------------------------------
+
+
+_ENV_ID = re.compile(r"envrl/\w+-v\d+")
+
+
+def envs_reaches(source: str) -> list[str]:
+    """Where an agent module's ``source`` reaches envs: an import of ``envrl.envs`` or below (``from
+    envrl import envs`` too), a bare ``import envrl`` (it runs ``envrl.envs`` to register the env
+    ids: what else would an agent want it for), an ``envrl.envs...`` attribute, or an env id
+    (``"envrl/ALFWorld-v0"``: an agent that makes its own env). Relative imports are the import
+    graph's (see the test)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "envrl" or alias.name == "envrl.envs" or alias.name.startswith("envrl.envs."):
+                    found.append(f"{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            if (
+                module == "envrl.envs"
+                or module.startswith("envrl.envs.")
+                or (module == "envrl" and any(alias.name == "envs" for alias in node.names))
+            ):
+                found.append(f"{node.lineno}: from {module} import ...")
+        elif isinstance(node, ast.Attribute) and _dotted(node) == "envrl.envs":
+            found.append(f"{node.lineno}: envrl.envs")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _ENV_ID.search(node.value):
+            found.append(f"{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_the_envs_reach_check_sees_every_spelling():
+    """Guards the test below against passing by reading nothing."""
+    assert envs_reaches("import envrl\ngym.make(envrl.envs.REGISTRY)") == ["1: import envrl", "2: envrl.envs"]
+    assert envs_reaches("def f():\n    from envrl import envs, agents") == ["2: from envrl import ..."]
+    assert envs_reaches("from envrl.envs.alfworld.env import split_games") == [
+        "1: from envrl.envs.alfworld.env import ..."
+    ]
+    assert envs_reaches('env = gym.make("envrl/ALFWorld-v0", split="train")') == ["1: 'envrl/ALFWorld-v0'"]
+    assert envs_reaches("import envrl.agents.base\nfrom envrl.agents import make_agent") == []
+
+
+def test_agents_do_not_reach_envs():
+    """An agent acts through the env's text API (observations, info, actions) only: it neither
+    imports envs nor makes them (a module that needs both, like the ALFWorld prior's regeneration,
+    lives outside the agents)."""
+    agents = {name: path for name, path in MODULES.items() if _layer(name) == "envrl.agents"}
+    assert len(agents) > 5
+    graph = import_graph()
+    offences = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{where}"
+        for path in agents.values()
+        for where in envs_reaches(path.read_text(encoding="utf-8"))
+    ]
+    offences += [
+        f"{name} -> {target}" for name in agents for target in sorted(graph[name]) if _layer(target) == "envrl.envs"
+    ]
+    assert not offences, "agents reaching envs:\n" + "\n".join(offences)
+
+
+# ---- no module reads another module's private attributes --------------------------------------
+
+#: (module file, private attribute) -> why envrl reads a third-party library's internals there;
+#: an envrl module reading another envrl module's private attribute is fixed, not listed here
+FOREIGN_INTERNALS = {
+    ("envrl/envs/alfworld/grammar.py", "_ModelConverter"): (
+        "TextWorld's grammar converter: the cached parse must convert each part exactly as GameLogic does"
+    ),
+    ("envrl/envs/alfworld/grammar.py", "_unescape_block"): (
+        "the same converter's unescaping of a grammar block, which GameLogic applies and exposes nowhere else"
+    ),
+    ("envrl/envs/alfworld/generate.py", "_parse_and_convert"): (
+        "TextWorld's parse functions, memoized in the generation workers; TextWorld has no public hook"
+    ),
+    ("envrl/envs/alfworld/generate.py", "_inheriting"): (
+        "multiprocessing's flag for a spawned child importing the main script: fail there instead of deadlocking"
+    ),
+    ("envrl/envs/scienceworld/engine.py", "_gateway_client"): (
+        "py4j's client, whose sockets a forked child must close without py4j's shutdown of the parent's"
+    ),
+}
+#: underscored names that are documented public API
+PUBLIC_UNDERSCORED = {"os._exit"}
+
+
+def _defined_here(tree: ast.Module) -> set[str]:
+    """The names a module defines: functions, classes, module-level and class-level assignments, and
+    attributes it assigns (``self._x = ...``, ``handler._seen = ...``) on anything but a name it
+    imported: setting another module's attribute patches that module, it defines nothing here."""
+    imported = {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    scopes = [tree.body] + [node.body for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    names = {
+        target.id
+        for body in scopes
+        for statement in body
+        if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        for target in (statement.targets if isinstance(statement, ast.Assign) else [statement.target])
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            root = (_dotted(node) or "").split(".")[0]
+            if root not in imported:
+                names.add(node.attr)
+        elif (access := _constant_attribute(node)) and access[0] == "setattr":
+            root = (_dotted(access[1]) or "").split(".")[0]
+            if root not in imported:
+                names.add(access[2])
+    return names
+
+
+def private_reads(source: str) -> list[tuple[int, str, str]]:
+    """(line, expression, attribute) for each ``obj._name`` (or ``getattr(obj, "_name")``) in
+    ``source`` whose ``_name`` the module does not define, ``obj`` being neither ``self`` nor ``cls``."""
+    tree = ast.parse(source)
+    defined = _defined_here(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            target, name = node.value, node.attr
+        elif access := _constant_attribute(node):
+            _, target, name = access
+        else:
+            continue
+        if not _private(name) or name in defined or (isinstance(target, ast.Name) and target.id in ("self", "cls")):
+            continue
+        expression = ast.unparse(node)
+        if expression not in PUBLIC_UNDERSCORED:
+            found.append((getattr(node, "lineno", 0), expression, name))
+    return found
+
+
+def test_the_private_read_check_finds_a_known_violation():
+    """Guards the test below against passing by reading nothing."""
+    source = """
+import textworld
+from envrl.envs.alfworld import engine
+
+class Env:
+    _cache = None
+
+    def __init__(self):
+        self._engine = engine.AlfredEngine()
+        self._engine._pddl_state = None  # assigned here: defined here
+
+    def plan(self, other):
+        textworld.logic._parse_and_convert = None  # patches textworld: defines nothing here
+        return other._engine, self._secret, cls_of(other)._cache, engine._helper(), getattr(other, "_infos")
+
+def exit_now():
+    import os
+    os._exit(1)
+"""
+    found = sorted((line, name) for line, _, name in private_reads(source))
+    assert found == [(13, "_parse_and_convert"), (14, "_helper"), (14, "_infos")], found
+
+
+def test_no_module_reads_another_modules_private_attributes():
+    """``obj._name`` names something of this module, or of ``self``/``cls``; anything else is a
+    dependency on another module's internals. Third-party internals that envrl genuinely needs are
+    in FOREIGN_INTERNALS, each with its reason; an entry that is no longer used fails too."""
+    offences, used = [], set()
+    for path in MODULES.values():
+        relative = path.relative_to(PACKAGE_DIR.parent).as_posix()
+        for line, expression, name in private_reads(path.read_text(encoding="utf-8")):
+            if (relative, name) in FOREIGN_INTERNALS:
+                used.add((relative, name))
+            else:
+                offences.append(f"{relative}:{line}: {expression}")
+    assert not offences, "private attributes read across modules:\n" + "\n".join(offences)
+    assert used == set(FOREIGN_INTERNALS), f"allow-list entries nothing reads: {set(FOREIGN_INTERNALS) - used}"
+
+
+# ---- tests use only public names ----------------------------------------------------------------
+
+_DOTTED_PATH = re.compile(r"envrl(\.\w+)+")
+
+
+def private_name_uses(source: str) -> list[str]:
+    """Where a test's ``source`` uses a private envrl name: ``from envrl.x import _y`` (anywhere),
+    ``m._y`` or ``getattr(m, "_y")``/``monkeypatch.setattr(m, "_y", ...)`` on a name bound to an
+    envrl module (``import envrl.x as m``, ``from envrl import x``), or a patch target string
+    ``"envrl.x._y"``."""
+    tree = ast.parse(source)
+    modules: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update((a.asname or a.name.split(".")[0]) for a in node.names if a.name.split(".")[0] == "envrl")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "envrl":
+            for alias in node.names:
+                if _private(alias.name):
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+                elif f"{node.module}.{alias.name}" in MODULES:
+                    modules.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            target, name = node.value, node.attr
+        elif access := _constant_attribute(node):
+            _, target, name = access
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _DOTTED_PATH.fullmatch(node.value):
+            if any(_private(part) for part in node.value.split(".")):
+                found.append(f"{node.lineno}: {node.value!r}")
+            continue
+        else:
+            continue
+        root = (_dotted(target) or "").split(".")[0]
+        if _private(name) and root in modules:
+            found.append(f"{getattr(node, 'lineno', 0)}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_test_check_finds_known_violations():
+    """Guards the test below against passing by reading nothing."""
+    source = """
+import envrl.training.loop as loop
+from envrl.envs.alfworld import translations
+from envrl.agents.base import Agent
+
+def test_it(monkeypatch):
+    from envrl.ray_cluster import _check_reachable
+    loop._schedule(None)
+    monkeypatch.setattr(translations, "_DEFAULT_CACHE", None)
+    monkeypatch.setattr("envrl.evaluation.runner._probe_env", None)
+    Agent._hidden, loop.lr_schedule
+"""
+    assert sorted(int(f.split(":")[0]) for f in private_name_uses(source)) == [7, 8, 9, 10], private_name_uses(source)
+
+
+def test_no_test_uses_a_private_name():
+    """A test that needs a private function tests a unit worth a public name, or should go through
+    the public API: either way, renaming an internal never breaks a test."""
+    files = sorted(TESTS_DIR.rglob("*.py"))
+    assert len(files) > 20
+    offences = [
+        f"{path.relative_to(TESTS_DIR.parent)}:{where}"
+        for path in files
+        if path.name != Path(__file__).name  # this file's guard quotes violations on purpose
+        for where in private_name_uses(path.read_text(encoding="utf-8"))
+    ]
+    assert not offences, "tests using private envrl names:\n" + "\n".join(offences)
