@@ -10,8 +10,13 @@
     envrl serve-env --env textworld --split valid [--port 8000]   # an env over OpenEnv (envrl[openenv])
     envrl data alfworld --download [--dest DIR]
     envrl webshop serve [--host H] [--port P] [--workers N] [--products N] [--data-dir D]
-    envrl train --algo sft|grpo|gigpo|iwm|sr|envrl --env E --model DIR --out DIR [--data DIR]   # see envrl/training
+    envrl train --algo NAME --env E --model DIR --out DIR [--data DIR]   # see envrl/training
     envrl probe --checkpoint DIR --env textworld --split valid [--episodes 10]        # world-model probes
+
+The subcommands are the rows of :data:`COMMANDS` (their parent commands, such as ``data``, the
+entries of :data:`GROUPS`); :func:`build_parser` walks the table. A new subcommand is one row and
+one function that adds its arguments. Env names in the help come from :data:`envrl.envs.REGISTRY`
+and algorithm names from :data:`envrl.training.algorithms.ALGORITHMS`.
 
 Exit codes: 0 success, 1 the run could not go on (e.g. locked by another process, a runs
 directory that cannot be read or written, a corrupt results database), 2 bad input (one line
@@ -23,22 +28,38 @@ is kept; the same command resumes). An unexpected exception is reported in one l
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envrl.envs import add_env_arg_option, parse_env_args
+from envrl.envs import REGISTRY, add_env_arg_option, parse_env_args
 from envrl.ports import port_argument
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but errors exit through :class:`_UsageError` so ``main`` returns a code."""
+    """argparse, but errors exit through :class:`_UsageError` so ``main`` returns a code.
+
+    ``epilog_from`` makes the epilog when the help is printed, not when the parser is built:
+    text whose source is costly to import (the algorithm registry imports torch) then costs
+    nothing to ``envrl --help`` or to a command that is run.
+    """
+
+    def __init__(self, *args: Any, epilog_from: Callable[[], str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._epilog_from = epilog_from
+
+    def format_help(self) -> str:
+        if self._epilog_from is not None:
+            self.epilog = self._epilog_from()
+        return super().format_help()
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
@@ -54,18 +75,36 @@ def _fail(prog: str, message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="envrl", description="Text environments for LLM agents: evaluation and data.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+@dataclass(frozen=True)
+class Lazy:
+    """The function ``target`` (``"module:function"``), imported when it is first called.
 
-    ev = sub.add_parser(
-        "eval",
-        help="evaluate an agent on an env split (resumable)",
-        description="Play N episodes and record them; re-running the same command resumes. "
-        "Episode i plays task_ids[i mod len(task_ids)] with seed S + i.",
-    )
-    ev.add_argument("--env", required=True, help="env name (e.g. alfworld) or gymnasium id")
+    The table names the training commands' argument functions and handlers this way: their
+    modules are imported only when the parser is built or the command runs, not with this module.
+    """
+
+    target: str
+
+    def resolve(self) -> Callable[..., Any]:
+        """The function itself (importing its module)."""
+        module, _, name = self.target.partition(":")
+        function: Callable[..., Any] = getattr(importlib.import_module(module), name)
+        return function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+
+def _registered_envs() -> str:
+    """The registered envs' short names, for ``--env`` help (importing the registry imports no engine)."""
+    return ", ".join(REGISTRY)
+
+
+# ---- eval --------------------------------------------------------------------------------
+
+
+def _eval_arguments(ev: argparse.ArgumentParser) -> None:
+    ev.add_argument("--env", required=True, help=f"a registered env ({_registered_envs()}) or a gymnasium id")
     ev.add_argument("--split", required=True, help="split name (e.g. valid_unseen)")
     ev.add_argument("--agent", required=True, help="agent spec (e.g. random, expert)")
     ev.add_argument("--episodes", type=int, required=True, help="number of episodes (>= 1)")
@@ -123,160 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--max-concurrency", type=int, default=None, help="openai: requests in flight (default 8)")
     llm.add_argument("--request-timeout", type=float, default=None, help="openai: seconds per request (default 60)")
     llm.add_argument("--max-retries", type=int, default=None, help="openai: retries per request (default 4)")
-    ev.set_defaults(handler=_cmd_eval)
-
-    lb = sub.add_parser("leaderboard", help="every agent's results per env and split (or every run)")
-    lb.add_argument("--format", choices=("text", "markdown", "json"), default="text")
-    lb.add_argument("--runs", action="store_true", help="one row per run instead of one per agent")
-    lb.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
-    lb.set_defaults(handler=_cmd_leaderboard)
-
-    web = sub.add_parser("serve", help="the leaderboard, run pages and a trajectory viewer in the browser")
-    web.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
-    web.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    web.add_argument("--port", type=port_argument, default=8050, help="port (default 8050; 0: any free port)")
-    web.set_defaults(handler=_cmd_serve)
-
-    sm = sub.add_parser(
-        "serve-model",
-        help="an OpenAI-compatible server for a transformers checkpoint",
-        description="Serve /v1/chat/completions for a transformers checkpoint (e.g. to evaluate "
-        "it from another machine with --agent openai:<name>@http://host:port/v1).",
-    )
-    sm.add_argument("checkpoint", help="a local checkpoint directory or a model name")
-    sm.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    sm.add_argument("--port", type=port_argument, default=8000, help="port (default 8000)")
-    sm.add_argument("--model-name", default=None, help="the model id clients use (default: the checkpoint)")
-    sm.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default auto)")
-    sm.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default auto)")
-    sm.add_argument("--max-batch-size", type=int, default=16, help="requests generated together (default 16)")
-    sm.set_defaults(handler=_cmd_serve_model)
-
-    # its options live in envrl.integrations.openenv (which imports openenv-core): every argument,
-    # options included, is handed over as it is (prefix_chars keeps argparse from reading them here)
-    se = sub.add_parser(
-        "serve-env",
-        help="serve an env over the OpenEnv protocol, one env per client (pip install 'envrl[openenv]')",
-        add_help=False,
-        prefix_chars="\0",
-    )
-    se.add_argument("args", nargs=argparse.REMAINDER)
-    se.set_defaults(handler=_cmd_serve_env)
-
-    # ---- train -------------------------------------------------------------------------
-    tr = sub.add_parser(
-        "train",
-        help="train a policy (sft, grpo, gigpo, iwm, sr, envrl); resumable",
-        description="Train a causal LM as an agent. Settings: the algorithm's YAML for the env, then --config, "
-        "then the flags, then --set section.key=value. Re-running into the same --out resumes.",
-    )
-    tr.add_argument("--algo", required=True, help="sft, grpo, gigpo, iwm, sr or envrl")
-    tr.add_argument("--env", required=True, help="alfworld, webshop, scienceworld or textworld")
-    tr.add_argument("--model", default=None, help="checkpoint folder to start from (e.g. made by `envrl model init`)")
-    tr.add_argument("--out", required=True, help="output folder: config, metrics.jsonl, checkpoints")
-    tr.add_argument("--updates", type=int, default=None, help="optimizer updates (default: the config's)")
-    tr.add_argument(
-        "--data",
-        default=None,
-        help="sft: an `envrl data expert` folder or an expert's runs folder; iwm, sr: an "
-        "`envrl data early-experience` folder",
-    )
-    tr.add_argument("--config", action="append", default=[], help="a YAML file of settings (repeatable)")
-    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="one setting, e.g. optim.lr=1e-5")
-    tr.add_argument("--seed", type=int, default=None)
-    tr.add_argument(
-        "--runs-dir", default=None, help="where evaluations are recorded (default $ENVRL_RUNS_DIR or ./runs)"
-    )
-    tr.add_argument("--stop-after", type=int, default=None, help="stop (and save) after this many updates in all")
-    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
-    tr.set_defaults(handler=_cmd_train)
-
-    # ---- data: fetching official datasets ---------------------------------------------
-    # One positional per dataset; each calls its env package's download(dest: Path) -> None.
-    data = sub.add_parser("data", help="download official datasets; record expert demonstrations")
-    data_sub = data.add_subparsers(dest="dataset", metavar="DATASET", parser_class=_Parser)
-    data_sub.required = True
-    alfworld = data_sub.add_parser("alfworld", help="the official ALFWorld games")
-    alfworld.add_argument("--download", action="store_true", help="download it")
-    alfworld.add_argument(
-        "--dest", default=None, help="where to put it (default $ALFWORLD_DATA, else ~/.cache/alfworld)"
-    )
-    alfworld.set_defaults(handler=_cmd_data)
-    expert = data_sub.add_parser(
-        "expert",
-        help="play an expert and save its (prompt, response) pairs for SFT (parquet)",
-        description="Play N expert episodes and save the successful ones' steps as prompts and responses, built "
-        "with the same template and history window as LLM agents use.",
-    )
-    _training_module("data").add_arguments(expert)
-    expert.set_defaults(handler=lambda args: _training_module("data").run(args))
-    early = data_sub.add_parser(
-        "early-experience",
-        help="execute K alternative actions from each expert state (Early Experience data, parquet)",
-        description="From each state of an `envrl data expert` folder, execute K alternative actions (replaying the "
-        "expert prefix in the deterministic env) and save (state, action, next state) rows beside the expert's.",
-    )
-    _training_module("early_experience").add_arguments(early)
-    early.set_defaults(handler=lambda args: _training_module("early_experience").run(args))
-    rationales = data_sub.add_parser(
-        "rationales",
-        help="write self-reflection (SR) rationales for an early-experience folder",
-        description="For every alternative in DIR/rollout.parquet, write why the expert's action is better "
-        "(contrast: a fixed sentence pattern stating both observed outcomes, not reasoning; openai:MODEL or "
-        "hf:PATH: a model) to DIR/rationales.parquet.",
-    )
-    _training_module("rationales").add_arguments(rationales)
-    rationales.set_defaults(handler=lambda args: _training_module("rationales").run(args))
-
-    # ---- probe: world-model probes of a checkpoint ----------------------------------------
-    probe = sub.add_parser(
-        "probe",
-        help="how well a checkpoint predicts its env (state prediction, inverse dynamics); into the leaderboard",
-        description="Play the env's expert on a split and measure, on its transitions, how well the checkpoint "
-        "predicts the next observation (SP: teacher-forced token accuracy, exact match) and the action between "
-        "two observations (ID: top-1 accuracy, with its chance level). The figures join the checkpoint's row in "
-        "`envrl leaderboard` and `envrl serve`.",
-    )
-    _training_module("probes").add_arguments(probe)
-    probe.set_defaults(handler=lambda args: _training_module("probes").run(args))
-
-    # ---- model: from-scratch checkpoints -------------------------------------------------
-    model = sub.add_parser("model", help="make a from-scratch model and tokenizer for CPU experiments")
-    model_sub = model.add_subparsers(dest="model_command", metavar="COMMAND", parser_class=_Parser)
-    model_sub.required = True
-    init = model_sub.add_parser(
-        "init",
-        help="write a randomly initialised Qwen2 checkpoint with a tokenizer trained on env text",
-        description="Write a randomly initialised Qwen2-architecture checkpoint and a byte-level BPE tokenizer "
-        "trained on text the envs produce. No model hub is needed.",
-    )
-    _training_module("scratch_model").add_arguments(init)
-    init.set_defaults(handler=lambda args: _training_module("scratch_model").run(args))
-
-    # ---- webshop: the WebShop site as a server -----------------------------------------
-    webshop = sub.add_parser("webshop", help="the WebShop site")
-    webshop_sub = webshop.add_subparsers(dest="webshop_command", metavar="COMMAND", parser_class=_Parser)
-    webshop_sub.required = True
-    serve = webshop_sub.add_parser(
-        "serve",
-        help="serve the WebShop site (gunicorn) for envs with server_url=...",
-        description="Serve the WebShop site under gunicorn until SIGTERM/SIGINT. The store is loaded once "
-        "and shared by the workers; GET /healthz answers when it is up.",
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=port_argument, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
-    serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 8)")
-    serve.add_argument(
-        "--products", type=int, default=None, help="catalog size (default: all of it; the built-in catalog has 1,000)"
-    )
-    serve.add_argument("--data-dir", default=None, help="official WebShop files (default $WEBSHOP_DATA, else built-in)")
-    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    serve.add_argument("--access-log", action="store_true", help="log every request to stderr")
-    serve.set_defaults(handler=_cmd_webshop_serve)
-    return parser
-
-
-# ---- eval --------------------------------------------------------------------------------
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -366,6 +251,34 @@ def _agent_options(args: argparse.Namespace) -> tuple[dict[str, Any], str | None
 # ---- leaderboard and web page ------------------------------------------------------------
 
 
+def _leaderboard_arguments(lb: argparse.ArgumentParser) -> None:
+    lb.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    lb.add_argument("--runs", action="store_true", help="one row per run instead of one per agent")
+    lb.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
+
+
+def _serve_arguments(web: argparse.ArgumentParser) -> None:
+    web.add_argument("--runs-dir", default=None, help="results directory (default $ENVRL_RUNS_DIR or ./runs)")
+    web.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    web.add_argument("--port", type=port_argument, default=8050, help="port (default 8050; 0: any free port)")
+
+
+def _serve_model_arguments(sm: argparse.ArgumentParser) -> None:
+    sm.add_argument("checkpoint", help="a local checkpoint directory or a model name")
+    sm.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sm.add_argument("--port", type=port_argument, default=8000, help="port (default 8000)")
+    sm.add_argument("--model-name", default=None, help="the model id clients use (default: the checkpoint)")
+    sm.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default auto)")
+    sm.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default auto)")
+    sm.add_argument("--max-batch-size", type=int, default=16, help="requests generated together (default 16)")
+
+
+def _serve_env_arguments(se: argparse.ArgumentParser) -> None:
+    """Every argument, options included, as it is: they are read by envrl.integrations.openenv
+    (which imports openenv-core), so ``--help`` there lists them."""
+    se.add_argument("args", nargs=argparse.REMAINDER)
+
+
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
     from envrl.evaluation.leaderboard import leaderboard
     from envrl.evaluation.store import StoreError
@@ -418,11 +331,36 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
 # ---- train -------------------------------------------------------------------------------
 
 
-def _training_module(name: str) -> Any:
-    """``envrl.training.<name>`` (imported when a training command is parsed: its flags live there)."""
-    import importlib
+def _train_arguments(tr: argparse.ArgumentParser) -> None:
+    tr.add_argument("--algo", required=True, help="a registered algorithm (listed below)")
+    tr.add_argument("--env", required=True, help=f"a registered env: {_registered_envs()}")
+    tr.add_argument("--model", default=None, help="checkpoint folder to start from (e.g. made by `envrl model init`)")
+    tr.add_argument("--out", required=True, help="output folder: config, metrics.jsonl, checkpoints")
+    tr.add_argument("--updates", type=int, default=None, help="optimizer updates (default: the config's)")
+    tr.add_argument(
+        "--data",
+        default=None,
+        help="sft: an `envrl data expert` folder or an expert's runs folder; iwm, sr: an "
+        "`envrl data early-experience` folder",
+    )
+    tr.add_argument("--config", action="append", default=[], help="a YAML file of settings (repeatable)")
+    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="one setting, e.g. optim.lr=1e-5")
+    tr.add_argument("--seed", type=int, default=None)
+    tr.add_argument(
+        "--runs-dir", default=None, help="where evaluations are recorded (default $ENVRL_RUNS_DIR or ./runs)"
+    )
+    tr.add_argument("--stop-after", type=int, default=None, help="stop (and save) after this many updates in all")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    return importlib.import_module(f"envrl.training.{name}")
+
+def _algorithms_epilog() -> str:
+    """The ``--algo`` choices, read from the algorithm registry when ``envrl train --help`` is
+    printed (it imports torch, which ``envrl --help`` and the other commands must not wait for)."""
+    try:
+        from envrl.training.algorithms import ALGORITHMS
+    except ImportError as exc:
+        return f"algorithms: listed once the train extra is installed: pip install 'envrl[train]' ({exc})"
+    return f"algorithms: {', '.join(ALGORITHMS)}"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -469,30 +407,47 @@ def _cmd_train(args: argparse.Namespace) -> int:
 # ---- data (official datasets) ------------------------------------------------------------
 
 
-def _cmd_data(args: argparse.Namespace) -> int:
+def _data_alfworld_arguments(alfworld: argparse.ArgumentParser) -> None:
+    alfworld.add_argument("--download", action="store_true", help="download it")
+    alfworld.add_argument(
+        "--dest", default=None, help="where to put it (default $ALFWORLD_DATA, else ~/.cache/alfworld)"
+    )
+
+
+def _cmd_data_alfworld(args: argparse.Namespace) -> int:
     prog = f"envrl data {args.dataset}"
     if not args.download:
         return _fail(prog, "nothing to do; pass --download to fetch the dataset")
-    if args.dataset == "alfworld":
-        dest = Path(args.dest or os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "alfworld")
-        try:
-            from envrl.envs.alfworld.official import download
-        except ImportError as exc:
-            return _fail(prog, f"the ALFWorld downloader is not available ({exc})", EXIT_FAILED)
-        try:
-            result = download(dest)
-        except KeyboardInterrupt:
-            return EXIT_INTERRUPTED
-        except Exception as exc:  # network, disk, checksum: one line, not a traceback
-            return _fail(prog, f"download failed: {' '.join(str(exc).split()) or type(exc).__name__}", EXIT_FAILED)
-        if isinstance(result, (str, os.PathLike)):
-            dest = Path(result)
-        print(f"ALFWorld data in {dest}; use it with: export ALFWORLD_DATA={dest}")
-        return EXIT_OK
-    return _fail(prog, f"unknown dataset {args.dataset!r}")  # pragma: no cover - argparse checks choices
+    dest = Path(args.dest or os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "alfworld")
+    try:
+        from envrl.envs.alfworld.official import download
+    except ImportError as exc:
+        return _fail(prog, f"the ALFWorld downloader is not available ({exc})", EXIT_FAILED)
+    try:
+        result = download(dest)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # network, disk, checksum: one line, not a traceback
+        return _fail(prog, f"download failed: {' '.join(str(exc).split()) or type(exc).__name__}", EXIT_FAILED)
+    if isinstance(result, (str, os.PathLike)):
+        dest = Path(result)
+    print(f"ALFWorld data in {dest}; use it with: export ALFWORLD_DATA={dest}")
+    return EXIT_OK
 
 
 # ---- webshop serve -----------------------------------------------------------------------
+
+
+def _webshop_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=port_argument, default=None, help="port (default $WEBSHOP_PORT, else 3000)")
+    serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 8)")
+    serve.add_argument(
+        "--products", type=int, default=None, help="catalog size (default: all of it; the built-in catalog has 1,000)"
+    )
+    serve.add_argument("--data-dir", default=None, help="official WebShop files (default $WEBSHOP_DATA, else built-in)")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--access-log", action="store_true", help="log every request to stderr")
 
 
 def _cmd_webshop_serve(args: argparse.Namespace) -> int:
@@ -518,6 +473,186 @@ def _cmd_webshop_serve(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except (OSError, ValueError, RuntimeError) as exc:  # data missing or unreadable (WebShopDataError)
         return _fail(prog, " ".join(str(exc).split()) or type(exc).__name__, EXIT_FAILED)
+
+
+# ---- the table of subcommands -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: ``path`` (``("data", "expert")`` is ``envrl data expert``), its one-line
+    ``help``, the function that adds its arguments to its parser, and the handler that runs it
+    (the parsed arguments in, the exit code out).
+
+    ``description`` heads its ``--help``; ``epilog_from`` makes text that closes it, when it is
+    printed (see :class:`_Parser`). ``raw_args``: the parser reads no option, ``--help``
+    included, and hands every argument to the handler as it is (for a command whose options
+    live in a module that needs an optional package).
+    """
+
+    path: tuple[str, ...]
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], object]
+    handler: Callable[[argparse.Namespace], int]
+    description: str | None = None
+    epilog_from: Callable[[], str] | None = None
+    raw_args: bool = False
+
+
+@dataclass(frozen=True)
+class Group:
+    """A command that only holds subcommands (``envrl data``): its help line, and where the
+    chosen subcommand's name is kept (``dest`` of the namespace; ``metavar`` in the usage)."""
+
+    help: str
+    dest: str
+    metavar: str = "COMMAND"
+
+
+#: the commands that hold subcommands, by path
+GROUPS: Mapping[tuple[str, ...], Group] = {
+    ("data",): Group("download official datasets; record expert demonstrations", "dataset", "DATASET"),
+    ("model",): Group("make a from-scratch model and tokenizer for CPU experiments", "model_command"),
+    ("webshop",): Group("the WebShop site", "webshop_command"),
+}
+
+#: every subcommand, in the order ``envrl --help`` lists them; a group is listed where its first subcommand is
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        ("eval",),
+        "evaluate an agent on an env split (resumable)",
+        _eval_arguments,
+        _cmd_eval,
+        description="Play N episodes and record them; re-running the same command resumes. "
+        "Episode i plays task_ids[i mod len(task_ids)] with seed S + i.",
+    ),
+    Command(
+        ("leaderboard",),
+        "every agent's results per env and split (or every run)",
+        _leaderboard_arguments,
+        _cmd_leaderboard,
+    ),
+    Command(
+        ("serve",),
+        "the leaderboard, run pages and a trajectory viewer in the browser",
+        _serve_arguments,
+        _cmd_serve,
+    ),
+    Command(
+        ("serve-model",),
+        "an OpenAI-compatible server for a transformers checkpoint",
+        _serve_model_arguments,
+        _cmd_serve_model,
+        description="Serve /v1/chat/completions for a transformers checkpoint (e.g. to evaluate "
+        "it from another machine with --agent openai:<name>@http://host:port/v1).",
+    ),
+    Command(
+        ("serve-env",),
+        "serve an env over the OpenEnv protocol, one env per client (pip install 'envrl[openenv]')",
+        _serve_env_arguments,
+        _cmd_serve_env,
+        raw_args=True,
+    ),
+    Command(
+        ("train",),
+        "train a policy with a registered algorithm (listed by its --help); resumable",
+        _train_arguments,
+        _cmd_train,
+        description="Train a causal LM as an agent. Settings: the algorithm's YAML for the env, then --config, "
+        "then the flags, then --set section.key=value. Re-running into the same --out resumes.",
+        epilog_from=_algorithms_epilog,
+    ),
+    Command(("data", "alfworld"), "the official ALFWorld games", _data_alfworld_arguments, _cmd_data_alfworld),
+    Command(
+        ("data", "expert"),
+        "play an expert and save its (prompt, response) pairs for SFT (parquet)",
+        Lazy("envrl.training.data:add_arguments"),
+        Lazy("envrl.training.data:run"),
+        description="Play N expert episodes and save the successful ones' steps as prompts and responses, built "
+        "with the same template and history window as LLM agents use.",
+    ),
+    Command(
+        ("data", "early-experience"),
+        "execute K alternative actions from each expert state (Early Experience data, parquet)",
+        Lazy("envrl.training.early_experience:add_arguments"),
+        Lazy("envrl.training.early_experience:run"),
+        description="From each state of an `envrl data expert` folder, execute K alternative actions (replaying the "
+        "expert prefix in the deterministic env) and save (state, action, next state) rows beside the expert's.",
+    ),
+    Command(
+        ("data", "rationales"),
+        "write self-reflection (SR) rationales for an early-experience folder",
+        Lazy("envrl.training.rationales:add_arguments"),
+        Lazy("envrl.training.rationales:run"),
+        description="For every alternative in DIR/rollout.parquet, write why the expert's action is better "
+        "(contrast: a fixed sentence pattern stating both observed outcomes, not reasoning; openai:MODEL or "
+        "hf:PATH: a model) to DIR/rationales.parquet.",
+    ),
+    Command(
+        ("probe",),
+        "how well a checkpoint predicts its env (state prediction, inverse dynamics); into the leaderboard",
+        Lazy("envrl.training.probes:add_arguments"),
+        Lazy("envrl.training.probes:run"),
+        description="Play the env's expert on a split and measure, on its transitions, how well the checkpoint "
+        "predicts the next observation (SP: teacher-forced token accuracy, exact match) and the action between "
+        "two observations (ID: top-1 accuracy, with its chance level). The figures join the checkpoint's row in "
+        "`envrl leaderboard` and `envrl serve`.",
+    ),
+    Command(
+        ("model", "init"),
+        "write a randomly initialised Qwen2 checkpoint with a tokenizer trained on env text",
+        Lazy("envrl.training.scratch_model:add_arguments"),
+        Lazy("envrl.training.scratch_model:run"),
+        description="Write a randomly initialised Qwen2-architecture checkpoint and a byte-level BPE tokenizer "
+        "trained on text the envs produce. No model hub is needed.",
+    ),
+    Command(
+        ("webshop", "serve"),
+        "serve the WebShop site (gunicorn) for envs with server_url=...",
+        _webshop_serve_arguments,
+        _cmd_webshop_serve,
+        description="Serve the WebShop site under gunicorn until SIGTERM/SIGINT. The store is loaded once "
+        "and shared by the workers; GET /healthz answers when it is up.",
+    ),
+)
+
+
+def build_parser(
+    commands: Sequence[Command] = COMMANDS, groups: Mapping[tuple[str, ...], Group] = GROUPS
+) -> argparse.ArgumentParser:
+    """The ``envrl`` parser: one subcommand per row of ``commands``, each under the groups its
+    path names. A path under a group that ``groups`` lacks is a ValueError naming it; two rows
+    with one path are argparse's error (conflicting subparser)."""
+    parser = _Parser(prog="envrl", description="Text environments for LLM agents: evaluation and data.")
+    subparsers: dict[tuple[str, ...], Any] = {(): _add_subparsers(parser, "command", "COMMAND")}
+    for command in commands:
+        for depth in range(1, len(command.path)):
+            prefix = command.path[:depth]
+            if prefix in subparsers:
+                continue
+            if prefix not in groups:
+                raise ValueError(f"command {' '.join(command.path)!r}: no group {' '.join(prefix)!r} in GROUPS")
+            group = groups[prefix]
+            holder = subparsers[prefix[:-1]].add_parser(prefix[-1], help=group.help)
+            subparsers[prefix] = _add_subparsers(holder, group.dest, group.metavar)
+        raw: dict[str, Any] = {"add_help": False, "prefix_chars": "\0"} if command.raw_args else {}
+        leaf = subparsers[command.path[:-1]].add_parser(
+            command.path[-1],
+            help=command.help,
+            description=command.description,
+            epilog_from=command.epilog_from,
+            **raw,
+        )
+        command.add_arguments(leaf)
+        leaf.set_defaults(handler=command.handler)
+    return parser
+
+
+def _add_subparsers(parser: argparse.ArgumentParser, dest: str, metavar: str) -> Any:
+    """A required choice of subcommand, whose parsers report errors as :class:`_Parser` does."""
+    sub = parser.add_subparsers(dest=dest, metavar=metavar, parser_class=_Parser)
+    sub.required = True
+    return sub
 
 
 # ---- entry point -------------------------------------------------------------------------
