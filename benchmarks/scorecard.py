@@ -560,6 +560,45 @@ def grid(args: argparse.Namespace) -> list[Cell]:
     return cells
 
 
+def cell_key(cell: Cell) -> str:
+    """A cell as its result file records it (the ``cell`` entry), comparable across runs."""
+    return json.dumps(cell.__dict__ | {"splits": list(cell.splits)}, sort_keys=True)
+
+
+def finished_cells(cells: Sequence[Cell], paths: Paths) -> dict[str, dict[str, Any]]:
+    """The results already there, by cell: each cell's file, else its entry in ``scorecard.json``.
+
+    The per-cell files are not committed, the table is: a fresh clone that reruns the scorecard
+    resumes from the committed record and trains only the cells it lacks. The record counts only
+    when its budget is this run's (a changed budget reruns everything)."""
+    recorded: dict[str, dict[str, Any]] = {}
+    table = paths.out / "scorecard.json"
+    if table.is_file():
+        saved = json.loads(table.read_text())
+        if saved.get("meta", {}).get("budget") == paths.budget.__dict__:
+            recorded = {json.dumps(r["cell"], sort_keys=True): r for r in saved.get("cells", [])}
+    finished = {}
+    for cell in cells:
+        key, path = cell_key(cell), paths.cell_file(cell)
+        if path.is_file():
+            finished[key] = json.loads(path.read_text())
+        elif key in recorded:
+            finished[key] = recorded[key]
+    return finished
+
+
+def pending(cells: Sequence[Cell], finished: dict[str, dict[str, Any]], paths: Paths) -> list[Cell]:
+    """The cells to train: those not finished, and a finished SFT/IWM cell again where a
+    ``grpo-from-*`` cell still to run needs its checkpoint and the checkpoint is gone."""
+    todo = [c for c in cells if cell_key(c) not in finished]
+    for cell in [c for c in todo if c.method in FROM_CHECKPOINT]:
+        source = Cell(FROM_CHECKPOINT[cell.method], cell.diagnostic, cell.value, cell.seed, cell.splits)
+        updates = cell_sets(source, paths)[2]
+        if not (paths.checkpoint(source, updates) / "config.json").is_file() and source not in todo:
+            todo.append(source)
+    return todo
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -604,9 +643,9 @@ def main() -> None:
         write(finished, args, paths, sum(r["seconds"] for r in finished) / max(args.workers, 1))
         return
     prepare(cells, paths)
-    results = [json.loads(paths.cell_file(c).read_text()) for c in cells if paths.cell_file(c).is_file()]
-    done = {json.dumps(r["cell"], sort_keys=True) for r in results}
-    todo = [c for c in cells if json.dumps(c.__dict__ | {"splits": list(c.splits)}, sort_keys=True) not in done]
+    finished = finished_cells(cells, paths)
+    todo = pending(cells, finished, paths)
+    results = [r for key, r in finished.items() if key not in {cell_key(c) for c in todo}]
     # SR reads the early experience IWM builds, and grpo-from-* start from SFT's and IWM's checkpoints
     first = [c for c in todo if c.method not in FROM_CHECKPOINT and c.method != "sr"]
     later = [c for c in todo if c.method in FROM_CHECKPOINT or c.method == "sr"]

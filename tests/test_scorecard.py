@@ -101,3 +101,34 @@ def test_the_grid_runs_the_easiest_level_of_every_diagnostic_first(scorecard):
     assert [(c.diagnostic, c.value) for c in cells[:2]] == [("diag-chain", 1), ("diag-dynamics", 2)]
     assert all(c.method == "sft" for c in cells)  # grpo-from-sft runs on the alternatives task only
     assert cells[0].name == "sft-diag-chain-l1-s0" and cells[0].env_kwargs == {"length": 1}
+
+
+def test_a_rerun_resumes_from_the_committed_record_and_retrains_a_lost_checkpoint(scorecard, tmp_path):
+    """The committed scorecard.json stands in for the per-cell files a fresh clone lacks; a
+    grpo-from-sft cell still to run brings back the SFT cell whose checkpoint it starts from;
+    a record made under another budget counts for nothing."""
+    import json
+
+    paths = scorecard.Paths(tmp_path)
+    Cell = scorecard.Cell
+    sft, grpo = (Cell(m, "diag-alternatives", 2, 0) for m in ("sft", "grpo"))
+    from_sft = Cell("grpo-from-sft", "diag-alternatives", 2, 0)
+    cells = [sft, grpo, from_sft]
+    record = [result("sft", "diag-alternatives", 2, 0, 10, 0), result("grpo", "diag-alternatives", 2, 0, 9, 1)]
+    for r in record:
+        r["cell"]["splits"] = ["valid", "test_ood"]
+    table = {"meta": {"budget": paths.budget.__dict__}, "cells": record}
+    (tmp_path / "scorecard.json").write_text(json.dumps(table))
+
+    finished = scorecard.finished_cells(cells, paths)
+    assert sorted(finished) == sorted(scorecard.cell_key(c) for c in (sft, grpo))
+    assert scorecard.pending(cells, finished, paths) == [from_sft, sft]  # sft's checkpoint is gone
+
+    checkpoint = paths.checkpoint(sft, scorecard.cell_sets(sft, paths)[2])
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    assert scorecard.pending(cells, finished, paths) == [from_sft]
+
+    table["meta"]["budget"] = paths.budget.__dict__ | {"rl_updates": 1}
+    (tmp_path / "scorecard.json").write_text(json.dumps(table))
+    assert scorecard.finished_cells(cells, paths) == {}
