@@ -445,7 +445,8 @@ def markdown(
     lines = [
         "# Diagnostic scorecard",
         "",
-        f"Command: `{meta['command']}`; {meta['seeds']} seeds, {meta['wall_minutes']:.0f} min of training on 2 cores (the cells' time / workers).",
+        f"Command: `{meta['command']}`; {meta['seeds']} seeds, {meta['training_minutes']:.0f} min of training on "
+        f"{meta['workers']} cores (the cells' time / workers).",
         "Success % on the ID split (`valid`) / the OOD split (`test_ood`), mean over seeds [95% t interval over the",
         f"per-seed rates]; {meta['budget']['eval_episodes']} episodes per split and seed. `failed` names why a cell did not run.",
         "",
@@ -639,8 +640,10 @@ def main() -> None:
     began = time.perf_counter()
     cells = grid(args)
     if args.report:
-        finished = [json.loads(paths.cell_file(c).read_text()) for c in cells if paths.cell_file(c).is_file()]
-        write(finished, args, paths, sum(r["seconds"] for r in finished) / max(args.workers, 1))
+        finished = list(finished_cells(cells, paths).values())
+        saved = paths.out / "scorecard.json"
+        wall = json.loads(saved.read_text())["meta"].get("wall_minutes", 0.0) * 60 if saved.is_file() else 0.0
+        write(finished, args, paths, wall)  # the table is rewritten; the run it came from keeps its wall clock
         return
     prepare(cells, paths)
     finished = finished_cells(cells, paths)
@@ -674,6 +677,8 @@ def write(results: list[dict[str, Any]], args: argparse.Namespace, paths: Paths,
         "command": command.strip(),
         "seeds": len(seeds),
         "wall_minutes": seconds / 60,
+        "training_minutes": sum(r["seconds"] for r in results) / 60 / max(args.workers, 1),
+        "workers": args.workers,
         "budget": paths.budget.__dict__,
     }
     if args.select:
