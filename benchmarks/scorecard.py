@@ -10,7 +10,12 @@ Each cell is one training run from scratch and its evaluation on ``valid`` (ID) 
 * ``grpo``, ``gigpo``, ``envrl`` (GRPO + state prediction + inverse dynamics, cosine-decayed):
   RL from the initial checkpoint on the train split's tasks, groups of 4;
 * ``grpo-from-sft`` and ``grpo-from-iwm`` (the alternatives task only): GRPO from the SFT and the
-  IWM checkpoint of the same seed, the paper's claim that early experience raises RL's ceiling.
+  IWM checkpoint of the same seed, the paper's claim that early experience raises RL's ceiling;
+* ``envrl-no-sp``, ``envrl-no-id``, ``envrl-constant``, ``envrl-aux0.5`` (the dynamics task at its
+  two smaller difficulties only): ENVRL's ablations at the start weights chosen on ``select``
+  (state prediction off, inverse dynamics off, weights held at their start values, half the
+  transitions in the auxiliary losses). The largest difficulty is left out for time (its ENVRL
+  cells take 4-5 min each).
 
 Every policy acts in ``choose`` mode over the admissible actions (candidates scored by their summed
 token log-probabilities) with the ``compact`` template and no history (the diagnostics'
@@ -73,6 +78,19 @@ METHODS = ("sft", "iwm", "sr", "grpo", "gigpo", "envrl")
 RL_METHODS = ("grpo", "gigpo", "envrl")
 #: RL from a checkpoint of another method (alternatives task only): method -> where it starts
 FROM_CHECKPOINT = {"grpo-from-sft": "sft", "grpo-from-iwm": "iwm"}
+#: ENVRL's ablations (dynamics task only): method -> the ``--set`` items that differ from ``envrl``
+ENVRL_ABLATIONS = {
+    "envrl-no-sp": ["algorithm.sp=false"],
+    "envrl-no-id": ["algorithm.id=false"],
+    "envrl-constant": ["algorithm.decay=constant"],
+    "envrl-aux0.5": ["algorithm.aux_fraction=0.5"],
+}
+#: the methods that run on part of the grid only: method -> (diagnostic, difficulties; None: all)
+RESTRICTED: dict[str, tuple[str, tuple[int, ...] | None]] = {
+    **{method: ("diag-alternatives", None) for method in FROM_CHECKPOINT},
+    **{method: ("diag-dynamics", (2, 4)) for method in ENVRL_ABLATIONS},
+}
+ALL_METHODS = (*METHODS, *FROM_CHECKPOINT, *ENVRL_ABLATIONS)
 SPLITS = {"ID": "valid", "OOD": "test_ood"}
 #: SR's template: ``compact`` with a thought (in choose mode the thought is empty at act time)
 THINK_TEMPLATE = Path(__file__).resolve().parent / "configs" / "compact_think.json"
@@ -196,7 +214,7 @@ def cell_sets(cell: Cell, paths: Paths) -> tuple[str, list[str], int]:
     if method in FROM_CHECKPOINT:
         source = Cell(FROM_CHECKPOINT[method], cell.diagnostic, cell.value, cell.seed)
         start = paths.checkpoint(source, cell_sets(source, paths)[2])
-    algo = "grpo" if method in FROM_CHECKPOINT else method
+    algo = "grpo" if method in FROM_CHECKPOINT else "envrl" if method in ENVRL_ABLATIONS else method
     sets = shared + [
         f"policy.model={start}",
         f"rollout.env_kwargs={kwargs}",
@@ -209,6 +227,7 @@ def cell_sets(cell: Cell, paths: Paths) -> tuple[str, list[str], int]:
     ]
     if algo == "envrl":
         sets += ["algorithm.base=grpo", f"algorithm.sp_coef={b.sp_coef}", f"algorithm.id_coef={b.id_coef}"]
+        sets += ENVRL_ABLATIONS.get(method, [])
     return algo, sets, b.rl_updates
 
 
@@ -376,6 +395,7 @@ def comparisons(table: dict[str, Any], seeds: Sequence[int]) -> list[dict[str, A
             if diagnostic == "diag-chain":
                 wanted.append(("gigpo", "grpo", diagnostic, value))
             wanted.append(("envrl", "grpo", diagnostic, value))
+            wanted += [(m, "envrl", diagnostic, value) for m in ENVRL_ABLATIONS if runs_on(m, diagnostic, value)]
             if diagnostic == "diag-alternatives":
                 wanted += [
                     ("iwm", "sft", diagnostic, value),
@@ -431,7 +451,7 @@ def layout(table: dict[str, Any]) -> tuple[list[tuple[str, int]], list[str]]:
     """The (diagnostic, value) columns and the methods that the table holds, in the grid's order."""
     present = {(e["diagnostic"], e["value"]) for e in table.values()}
     columns = sorted(present, key=lambda dv: (list(DIFFICULTIES).index(dv[0]), dv[1]))
-    methods = [m for m in (*METHODS, *FROM_CHECKPOINT) if any(e["method"] == m for e in table.values())]
+    methods = [m for m in ALL_METHODS if any(e["method"] == m for e in table.values())]
     return columns, methods
 
 
@@ -555,10 +575,17 @@ def grid(args: argparse.Namespace) -> list[Cell]:
                 continue
             for seed in args.seeds:
                 for method in args.methods:
-                    if method in FROM_CHECKPOINT and diagnostic != "diag-alternatives":
-                        continue
-                    cells.append(Cell(method, diagnostic, values[level], seed, splits))
+                    if runs_on(method, diagnostic, values[level]):
+                        cells.append(Cell(method, diagnostic, values[level], seed, splits))
     return cells
+
+
+def runs_on(method: str, diagnostic: str, value: int) -> bool:
+    """Whether the grid has ``method`` on this diagnostic at this difficulty (:data:`RESTRICTED`)."""
+    if method not in RESTRICTED:
+        return True
+    only, values = RESTRICTED[method]
+    return diagnostic == only and (values is None or value in values)
 
 
 def cell_key(cell: Cell) -> str:
@@ -604,7 +631,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
-        "--methods", nargs="+", default=[*METHODS, *FROM_CHECKPOINT], choices=[*METHODS, *FROM_CHECKPOINT]
+        "--methods", nargs="+", default=list(ALL_METHODS), choices=list(ALL_METHODS)
     )
     parser.add_argument("--diagnostics", nargs="+", default=list(DIFFICULTIES), choices=list(DIFFICULTIES))
     parser.add_argument(

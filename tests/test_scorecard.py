@@ -132,3 +132,34 @@ def test_a_rerun_resumes_from_the_committed_record_and_retrains_a_lost_checkpoin
     table["meta"]["budget"] = paths.budget.__dict__ | {"rl_updates": 1}
     (tmp_path / "scorecard.json").write_text(json.dumps(table))
     assert scorecard.finished_cells(cells, paths) == {}
+
+
+def test_envrl_ablations_run_on_the_dynamics_task_with_one_setting_changed(scorecard, tmp_path):
+    """Each ablation is the scorecard's ENVRL cell with one ``--set`` item more, and that item
+    reaches the algorithm's config; the ablations sit on dynamics r2 and r4 only and are compared
+    with ENVRL there."""
+    from envrl.training.algorithms import algorithm_class
+    from envrl.training.config import build_config
+
+    args = argparse.Namespace(
+        select=False, values={}, diagnostics=list(scorecard.DIFFICULTIES), seeds=[0], methods=["envrl-no-id"]
+    )
+    cells = scorecard.grid(args)
+    assert [(c.diagnostic, c.value) for c in cells] == [("diag-dynamics", 2), ("diag-dynamics", 4)]
+    paths = scorecard.Paths(tmp_path)
+    base_algo, base_sets, _ = scorecard.cell_sets(scorecard.Cell("envrl", "diag-dynamics", 2, 0), paths)
+    expected = {"envrl-no-sp": ("sp", False), "envrl-no-id": ("id", False), "envrl-constant": ("decay", "constant")}
+    expected["envrl-aux0.5"] = ("aux_fraction", 0.5)
+    assert set(expected) == set(scorecard.ENVRL_ABLATIONS)
+    for method, (field, value) in expected.items():
+        algo, sets, _ = scorecard.cell_sets(scorecard.Cell(method, "diag-dynamics", 2, 0), paths)
+        extra = [s for s in sets if s not in base_sets and not s.startswith(("out=", "name="))]
+        assert algo == base_algo == "envrl" and extra == scorecard.ENVRL_ABLATIONS[method]
+        config = build_config(algo, "diag-dynamics", algorithm_config=algorithm_class(algo).Config, sets=sets)
+        assert getattr(config.algorithm, field) == value
+        assert config.algorithm.sp_coef == 0.01 and config.algorithm.id_coef == 0.001
+    table = scorecard.summarise(
+        [result(m, "diag-dynamics", 2, s, 5, 2) for m in ("envrl", "envrl-no-sp") for s in (0, 1, 2)], [0, 1, 2]
+    )
+    rows = [(r["a"], r["b"]) for r in scorecard.comparisons(table, [0, 1, 2])]
+    assert rows == [("envrl-no-sp", "envrl")]
