@@ -4,6 +4,7 @@ transformers, ChatML, EOS order, exact parameter counts, and a tokenizer trained
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -11,8 +12,16 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from envrl.envs import REGISTRY  # noqa: E402
 from envrl.training import scratch_model  # noqa: E402
-from envrl.training.scratch_model import BUILD_RECORD, builtin_corpus, env_corpus, init_model  # noqa: E402
+from envrl.training.scratch_model import (  # noqa: E402
+    BUILD_RECORD,
+    builtin_corpus,
+    corpus_tasks,
+    default_corpus_envs,
+    env_corpus,
+    init_model,
+)
 
 
 def files(folder):
@@ -167,3 +176,21 @@ def test_command_line(tmp_path, capsys):
     assert json.loads((tmp_path / "m" / BUILD_RECORD).read_text())["seed"] == 3
     assert scratch_model.run(parser.parse_args([str(tmp_path / "m")])) == 2  # not empty
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_the_default_corpus_envs_are_the_descriptors_with_a_position_in_its_order():
+    assert default_corpus_envs() == ("textworld", "alfworld")  # what the sizes other than tiny play
+    swapped = dict(REGISTRY)
+    swapped["textworld"] = dataclasses.replace(REGISTRY["textworld"], default_corpus_position=1)
+    swapped["alfworld"] = dataclasses.replace(REGISTRY["alfworld"], default_corpus_position=0)
+    swapped["webshop"] = dataclasses.replace(REGISTRY["webshop"], default_corpus_position=5)
+    assert default_corpus_envs(swapped) == ("alfworld", "textworld", "webshop")
+
+
+def test_the_corpus_plays_as_many_tasks_as_the_descriptor_says(tw_cache, monkeypatch):
+    assert [corpus_tasks(name) for name in ("textworld", "alfworld", "webshop", "scienceworld")] == [6, 12, 8, 3]
+    assert corpus_tasks("diag-chain") == 4 and corpus_tasks("plugin.module:Toy-v0") == 4  # the default
+    monkeypatch.setitem(REGISTRY, "textworld", dataclasses.replace(REGISTRY["textworld"], corpus_tasks=1))
+    played = []
+    env_corpus(("textworld",), env_kwargs={"textworld": {"cache_dir": tw_cache}}, played=played)
+    assert [(e.agent, e.task_id) for e in played] == [("expert", "tw-custom:train:0"), ("random", "tw-custom:train:0")]

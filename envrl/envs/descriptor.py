@@ -17,6 +17,10 @@ from typing import Any
 #: the kinds a split may have: in-distribution or out-of-distribution
 SPLIT_KIND_VALUES = frozenset({"ID", "OOD"})
 
+#: tasks of an env that the tokenizer corpus of ``envrl model init`` plays when its descriptor
+#: sets no other number (also used for an env played by id that has no descriptor)
+DEFAULT_CORPUS_TASKS = 4
+
 
 class DescriptorError(ValueError):
     """An env descriptor that cannot be registered (a missing or malformed field)."""
@@ -55,6 +59,14 @@ class EnvDescriptor:
       agent is and how it acts. (Chat templates keep their own per-env intros: they are part of
       a template's fingerprint, so a run's identity records them.)
     * ``downloader``: ``module:function`` that fetches official data (None: nothing to fetch).
+    * ``corpus_tasks``: how many of the env's tasks the tokenizer corpus of ``envrl model init``
+      plays (once by the expert, once by a random agent) when the env is in that corpus: few for
+      an env whose tasks are slow to make (TextWorld generates each game on first use).
+    * ``default_corpus_position``: where the env's episodes come in the default tokenizer corpus
+      of the sizes other than ``tiny``, 0 first (None: not in it). A position, not a flag, because
+      the order is part of what a build writes: the corpus's checksum and the episodes listed in
+      ``envrl_model.json`` follow it (the BPE merges, counted over the whole corpus, did not
+      change when textworld and alfworld were swapped).
     * ``contract_task``: the contract suite's task (:class:`ContractTask`).
     """
 
@@ -69,6 +81,8 @@ class EnvDescriptor:
     single_thread: bool = False
     engine_packages: tuple[str, ...] = ()
     downloader: str | None = None
+    corpus_tasks: int = DEFAULT_CORPUS_TASKS
+    default_corpus_position: int | None = None
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -109,6 +123,11 @@ class EnvDescriptor:
             return f"engine_packages must be a tuple of distribution names, got {self.engine_packages!r}"
         if self.downloader is not None and ":" not in self.downloader:
             return f"downloader must be 'module:function' or None, got {self.downloader!r}"
+        if not _is_count(self.corpus_tasks, minimum=1):
+            return f"corpus_tasks must be an integer >= 1 (tasks the tokenizer corpus plays), got {self.corpus_tasks!r}"
+        position = self.default_corpus_position
+        if position is not None and not _is_count(position, minimum=0):
+            return f"default_corpus_position must be None or an integer >= 0, got {position!r}"
         return ""
 
     @property
@@ -120,6 +139,11 @@ class EnvDescriptor:
     def default_split(self) -> str:
         """The first ID split (``train`` for every env today): what a caller that names none plays."""
         return next(split for split, kind in self.split_kinds.items() if kind == "ID")
+
+
+def _is_count(value: object, *, minimum: int) -> bool:
+    """``value`` is an int (not a bool, which Python counts as one) of at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def collect(descriptors: Any) -> dict[str, EnvDescriptor]:

@@ -37,6 +37,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from envrl.envs import REGISTRY
+from envrl.envs.descriptor import DEFAULT_CORPUS_TASKS, EnvDescriptor
+
 #: the special tokens, in this order, so that their ids are 0, 1, 2
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -81,13 +84,6 @@ SIZES = {
     "small": ModelSize(192, 512, 4, 6, 2, 2048, 2048, True),
 }
 
-#: the envs whose episodes train the tokenizer by default (sizes other than tiny)
-DEFAULT_ENVS = ("textworld", "alfworld")
-#: tasks of each env played (once by the expert, once by a random agent) for the corpus.
-#: TextWorld generates a game on first use (2-4 s each), so it plays few.
-CORPUS_TASKS = {"textworld": 6, "alfworld": 12, "webshop": 8, "scienceworld": 3}
-#: tasks played for an env not named in CORPUS_TASKS
-DEFAULT_CORPUS_TASKS = 4
 #: the templates every step is rendered with: the policy's prompt formats
 CORPUS_TEMPLATES = ("action", "think-action")
 #: step limit of the random agent's episodes (its later steps add little new text)
@@ -97,6 +93,21 @@ CORPUS_HISTORY = 2
 
 
 # ---- corpora ---------------------------------------------------------------------------------
+
+
+def default_corpus_envs(registry: Mapping[str, EnvDescriptor] = REGISTRY) -> tuple[str, ...]:
+    """The envs whose episodes train the tokenizer of the sizes other than ``tiny``: those whose
+    descriptor gives a ``default_corpus_position``, in that order (textworld, then alfworld)."""
+    placed = [
+        (d.default_corpus_position, name) for name, d in registry.items() if d.default_corpus_position is not None
+    ]
+    return tuple(name for _, name in sorted(placed))
+
+
+def corpus_tasks(name: str, registry: Mapping[str, EnvDescriptor] = REGISTRY) -> int:
+    """How many tasks of env ``name`` the corpus plays: its descriptor's ``corpus_tasks``
+    (:data:`~envrl.envs.descriptor.DEFAULT_CORPUS_TASKS` for an env played by id that has none)."""
+    return registry[name].corpus_tasks if name in registry else DEFAULT_CORPUS_TASKS
 
 
 def builtin_corpus(lines: int = 600, seed: int = 0) -> list[str]:
@@ -224,7 +235,7 @@ def env_corpus(
 ) -> list[str]:
     """Text the policy will read and write, from episodes of ``envs`` on ``split``.
 
-    For each env, its first ``tasks[env]`` tasks (default :data:`CORPUS_TASKS`) are played by
+    For each env, its first ``tasks[env]`` tasks (default: :func:`corpus_tasks`) are played by
     the expert and by a random agent (seeded ``seed + i``, at most :data:`RANDOM_STEP_LIMIT`
     steps), through ``gym.make``. Every step is rendered with each of ``templates`` exactly as
     an LLM agent builds its prompt (:class:`~envrl.agents.prompts.Conversation`): each message
@@ -244,7 +255,7 @@ def env_corpus(
     texts: list[str] = []
     for env in envs:
         name, env_id = resolve_env(env)
-        count = (tasks or {}).get(name, CORPUS_TASKS.get(name, DEFAULT_CORPUS_TASKS))
+        count = (tasks or {}).get(name, corpus_tasks(name))
         for spec in ("expert", "random"):
             agent = make_agent(spec, name, seed=seed)
             kwargs: dict[str, Any] = {**getattr(agent, "env_kwargs", {}), **(env_kwargs or {}).get(name, {})}
@@ -363,7 +374,7 @@ def init_model(
 
     ``envs``: the envs whose episodes train the tokenizer (see :func:`env_corpus`; ``tasks``
     and ``env_kwargs`` go there); an empty sequence uses :func:`builtin_corpus` instead (no env
-    is played); None means the size's default: ``()`` for ``tiny``, :data:`DEFAULT_ENVS`
+    is played); None means the size's default: ``()`` for ``tiny``, :func:`default_corpus_envs`
     otherwise. ``vocab_size`` defaults to the size's. ``chat_template=False`` leaves the
     tokenizer without a template (and ``<|endoftext|>`` the only EOS id), for tests of
     plain-text prompts. A non-empty ``out_dir`` is refused unless ``overwrite``.
@@ -371,7 +382,7 @@ def init_model(
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}")
     spec = SIZES[size]
-    envs = tuple(envs) if envs is not None else (() if size == "tiny" else DEFAULT_ENVS)
+    envs = tuple(envs) if envs is not None else (() if size == "tiny" else default_corpus_envs())
     vocab = spec.vocab_size if vocab_size is None else int(vocab_size)
     if vocab < len(SPECIAL_TOKENS) + 256:
         raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 256} (the bytes and special tokens)")
@@ -446,7 +457,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--envs",
         default=None,
         help="comma-separated envs whose episodes train the tokenizer, or 'none' for a fixed built-in "
-        f"corpus (default: none for tiny, {','.join(DEFAULT_ENVS)} otherwise)",
+        f"corpus (default: none for tiny, {','.join(default_corpus_envs())} otherwise)",
     )
     parser.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary (default: the size's)")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty directory")

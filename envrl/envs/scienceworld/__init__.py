@@ -27,5 +27,6 @@ DESCRIPTORS = (
         ),
         contract_task=ContractTask(split="dev", task_id="4-2:150", kwargs={"task": "4-2", "java_heap": "256m"}),
         engine_packages=("scienceworld",),
+        corpus_tasks=3,
     ),
 )

@@ -25,5 +25,8 @@ DESCRIPTORS = (
         # two TextWorld resets on two threads failed inside its tatsu parser ("pop from empty list")
         single_thread=True,
         engine_packages=("textworld",),
+        # TextWorld generates each game on first use (2-4 s), so the tokenizer corpus plays few
+        corpus_tasks=6,
+        default_corpus_position=0,
     ),
 )

@@ -33,5 +33,6 @@ DESCRIPTORS = (
         ),
         contract_task=ContractTask(split="test", task_id="fixed_0"),
         engine_packages=("flask", "bm25s", "rapidfuzz"),
+        corpus_tasks=8,
     ),
 )
