@@ -16,7 +16,9 @@
 The subcommands are the rows of :data:`COMMANDS` (their parent commands, such as ``data``, the
 entries of :data:`GROUPS`); :func:`build_parser` walks the table. A new subcommand is one row and
 one function that adds its arguments. Env names in the help come from :data:`envrl.envs.REGISTRY`
-and algorithm names from :data:`envrl.training.algorithms.ALGORITHMS`.
+and algorithm names from :data:`envrl.training.algorithms.ALGORITHMS`; the ``data <env>`` rows
+(official downloads) come from the env descriptors that name a ``downloader`` module
+(:func:`download_commands`).
 
 Exit codes: 0 success, 1 the run could not go on (e.g. locked by another process, a runs
 directory that cannot be read or written, a corrupt results database), 2 bad input (one line
@@ -35,10 +37,10 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from envrl.envs import REGISTRY, add_env_arg_option, parse_env_args
+from envrl.envs.descriptor import EnvDescriptor
 from envrl.ports import port_argument
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -404,37 +406,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# ---- data (official datasets) ------------------------------------------------------------
-
-
-def _data_alfworld_arguments(alfworld: argparse.ArgumentParser) -> None:
-    alfworld.add_argument("--download", action="store_true", help="download it")
-    alfworld.add_argument(
-        "--dest", default=None, help="where to put it (default $ALFWORLD_DATA, else ~/.cache/alfworld)"
-    )
-
-
-def _cmd_data_alfworld(args: argparse.Namespace) -> int:
-    prog = f"envrl data {args.dataset}"
-    if not args.download:
-        return _fail(prog, "nothing to do; pass --download to fetch the dataset")
-    dest = Path(args.dest or os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "alfworld")
-    try:
-        from envrl.envs.alfworld.official import download
-    except ImportError as exc:
-        return _fail(prog, f"the ALFWorld downloader is not available ({exc})", EXIT_FAILED)
-    try:
-        result = download(dest)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except Exception as exc:  # network, disk, checksum: one line, not a traceback
-        return _fail(prog, f"download failed: {' '.join(str(exc).split()) or type(exc).__name__}", EXIT_FAILED)
-    if isinstance(result, (str, os.PathLike)):
-        dest = Path(result)
-    print(f"ALFWorld data in {dest}; use it with: export ALFWORLD_DATA={dest}")
-    return EXIT_OK
-
-
 # ---- webshop serve -----------------------------------------------------------------------
 
 
@@ -516,6 +487,23 @@ GROUPS: Mapping[tuple[str, ...], Group] = {
     ("webshop",): Group("the WebShop site", "webshop_command"),
 }
 
+
+def download_commands(registry: Mapping[str, EnvDescriptor] = REGISTRY) -> tuple[Command, ...]:
+    """``envrl data <name>`` for each env whose descriptor names a ``downloader`` module, from its
+    ``HELP``, ``add_arguments`` and ``run``: an env that ships official data adds the command in
+    its own package. A module that lacks one of them is a ValueError naming it."""
+    rows = []
+    for name, descriptor in registry.items():
+        if descriptor.downloader is None:
+            continue
+        module = importlib.import_module(descriptor.downloader)
+        missing = [attr for attr in ("HELP", "add_arguments", "run") if not hasattr(module, attr)]
+        if missing:
+            raise ValueError(f"env {name!r}: downloader module {descriptor.downloader!r} lacks {', '.join(missing)}")
+        rows.append(Command(("data", name), module.HELP, module.add_arguments, module.run))
+    return tuple(rows)
+
+
 #: every subcommand, in the order ``envrl --help`` lists them; a group is listed where its first subcommand is
 COMMANDS: tuple[Command, ...] = (
     Command(
@@ -562,7 +550,7 @@ COMMANDS: tuple[Command, ...] = (
         "then the flags, then --set section.key=value. Re-running into the same --out resumes.",
         epilog_from=_algorithms_epilog,
     ),
-    Command(("data", "alfworld"), "the official ALFWorld games", _data_alfworld_arguments, _cmd_data_alfworld),
+    *download_commands(),
     Command(
         ("data", "expert"),
         "play an expert and save its (prompt, response) pairs for SFT (parquet)",

@@ -5,9 +5,11 @@ costs ``envrl --help`` an import of torch or of an env engine."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -78,6 +80,40 @@ def test_a_row_under_an_undeclared_group_is_refused_by_name():
     row = cli.Command(("tools", "lint"), "lint", lambda parser: None, lambda args: 0)
     with pytest.raises(ValueError, match="no group 'tools'"):
         cli.build_parser((*cli.COMMANDS, row))
+
+
+def test_every_env_with_a_downloader_has_a_data_subcommand():
+    with_downloader = [name for name, d in REGISTRY.items() if d.downloader]
+    assert "alfworld" in with_downloader
+    paths = {command.path for command in cli.COMMANDS}
+    assert {("data", name) for name in with_downloader} <= paths
+
+
+def test_a_registered_downloader_becomes_data_name(monkeypatch):
+    """A new env's descriptor that names a downloader module gets ``envrl data <name>``, its
+    arguments and its handler from that module, with no row written in cli.py."""
+    module = types.ModuleType("toy_downloader")
+    module.HELP = "the official toy games"
+    module.add_arguments = lambda parser: parser.add_argument("--mirror", default="a")
+    module.run = lambda args: 7 if args.mirror == "b" else 0
+    monkeypatch.setitem(sys.modules, "toy_downloader", module)
+    toy = dataclasses.replace(REGISTRY["diag-chain"], name="toy", env_id="envrl/Toy-v0", downloader="toy_downloader")
+    registry = {**REGISTRY, "toy": toy}
+    rows = cli.download_commands(registry)
+    assert [row.path for row in rows] == [("data", "alfworld"), ("data", "toy")]
+    parser = cli.build_parser((*(c for c in cli.COMMANDS if c.path[0] != "data"), *rows))
+    args = parser.parse_args(["data", "toy", "--mirror", "b"])
+    assert (args.dataset, args.handler(args)) == ("toy", 7)
+    assert "the official toy games" in _subcommand(parser, ("data",)).format_help()
+
+
+def test_a_downloader_module_missing_its_functions_is_refused_by_name(monkeypatch):
+    monkeypatch.setitem(sys.modules, "half_downloader", types.ModuleType("half_downloader"))
+    toy = dataclasses.replace(REGISTRY["diag-chain"], name="toy", env_id="envrl/Toy-v0", downloader="half_downloader")
+    with pytest.raises(
+        ValueError, match="^env 'toy': downloader module 'half_downloader' lacks HELP, add_arguments, run$"
+    ):
+        cli.download_commands({"toy": toy})
 
 
 @pytest.mark.parametrize("command", ["eval", "train"])

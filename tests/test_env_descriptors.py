@@ -60,6 +60,7 @@ def test_the_registry_holds_every_env_with_its_old_values():
         ({"max_episode_steps": 0}, "max_episode_steps must be >= 1"),
         ({"entry_point": "envrl.testing.FakeEnv"}, "entry_point must be 'module:Class'"),
         ({"contract_task": ContractTask(split="valid")}, "contract_task's split 'valid' is not one of its splits"),
+        ({"downloader": "envrl.envs.alfworld.official:download"}, "downloader must be a module name"),
         ({"corpus_tasks": 0}, "corpus_tasks must be an integer >= 1"),
         ({"corpus_tasks": True}, "corpus_tasks must be an integer >= 1"),
         ({"default_corpus_position": -1}, "default_corpus_position must be None or an integer >= 0"),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
@@ -664,15 +663,27 @@ def test_cli_eval_and_leaderboard(capsys, tmp_path, fake_agents):
 
 
 def test_cli_data_calls_the_downloader(capsys, monkeypatch, tmp_path):
-    import types
+    from envrl.envs.alfworld import official
 
     calls = []
-    module = types.ModuleType("envrl.envs.alfworld.official")
-    module.download = lambda dest: calls.append(dest)
-    monkeypatch.setitem(sys.modules, "envrl.envs.alfworld.official", module)
+    monkeypatch.setattr(official, "download", lambda dest: calls.append(dest) or dest)
     code, out, _ = _cli(capsys, "data", "alfworld", "--download", "--dest", str(tmp_path / "alf"))
     assert code == 0 and calls == [tmp_path / "alf"]
     assert f"ALFWORLD_DATA={tmp_path / 'alf'}" in out
+
+
+def test_cli_data_reports_a_failed_download_in_one_line(capsys, monkeypatch, tmp_path):
+    from envrl.envs.alfworld import official
+
+    def offline(dest):
+        raise official.OfficialDataError("cannot download the official ALFWorld data:\n no route")
+
+    monkeypatch.setattr(official, "download", offline)
+    code, out, err = _cli(capsys, "data", "alfworld", "--download", "--dest", str(tmp_path / "alf"))
+    assert (code, out) == (1, "")
+    assert err == "envrl data alfworld: error: download failed: cannot download the official ALFWorld data: no route\n"
+    code, _, err = _cli(capsys, "data", "alfworld")
+    assert code == 2 and "pass --download" in err
 
 
 # ---- the real thing ---------------------------------------------------------------------

@@ -58,7 +58,10 @@ class EnvDescriptor:
     * ``tool_intro``: the paragraph that opens a tool-calling prompt (TRL adapter): what the
       agent is and how it acts. (Chat templates keep their own per-env intros: they are part of
       a template's fingerprint, so a run's identity records them.)
-    * ``downloader``: ``module:function`` that fetches official data (None: nothing to fetch).
+    * ``downloader``: the module behind ``envrl data <name>``, which fetches the env's official data
+      (None: nothing to fetch). It defines ``HELP`` (the command's line in ``envrl data --help``),
+      ``add_arguments(parser)`` and ``run(args) -> int``, as the CLI's other command modules do;
+      ``envrl --help`` imports it, so it must import nothing heavy.
     * ``corpus_tasks``: how many of the env's tasks the tokenizer corpus of ``envrl model init``
       plays (once by the expert, once by a random agent) when the env is in that corpus: few for
       an env whose tasks are slow to make (TextWorld generates each game on first use).
@@ -121,8 +124,10 @@ class EnvDescriptor:
             return f"contract_task's split {self.contract_task.split!r} is not one of its splits"
         if isinstance(self.engine_packages, str) or not all(isinstance(p, str) for p in self.engine_packages):
             return f"engine_packages must be a tuple of distribution names, got {self.engine_packages!r}"
-        if self.downloader is not None and ":" not in self.downloader:
-            return f"downloader must be 'module:function' or None, got {self.downloader!r}"
+        if self.downloader is not None and not _is_module_name(self.downloader):
+            return (
+                f"downloader must be a module name like 'envrl.envs.alfworld.official' or None, got {self.downloader!r}"
+            )
         if not _is_count(self.corpus_tasks, minimum=1):
             return f"corpus_tasks must be an integer >= 1 (tasks the tokenizer corpus plays), got {self.corpus_tasks!r}"
         position = self.default_corpus_position
@@ -144,6 +149,11 @@ class EnvDescriptor:
 def _is_count(value: object, *, minimum: int) -> bool:
     """``value`` is an int (not a bool, which Python counts as one) of at least ``minimum``."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _is_module_name(value: object) -> bool:
+    """``value`` is a dotted module name (``envrl.envs.alfworld.official``), not ``module:function``."""
+    return isinstance(value, str) and all(part.isidentifier() for part in value.split("."))
 
 
 def collect(descriptors: Any) -> dict[str, EnvDescriptor]:

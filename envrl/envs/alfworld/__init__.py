@@ -19,6 +19,7 @@ DESCRIPTORS = (
         # loading a game parses its logic with TextWorld's one process-wide tatsu parser
         single_thread=True,
         engine_packages=("alfworld", "textworld"),
+        downloader="envrl.envs.alfworld.official",
         corpus_tasks=12,
         default_corpus_position=1,
     ),

@@ -14,13 +14,18 @@ Order. The release's folders sort by task type, so a prefix of the sorted list (
 25``) would hold one or two task types only. Task ids therefore come round-robin over the task
 types (in ``TASK_TYPES`` order, each type's games sorted by path), like ScienceWorld's: every
 prefix holds each type about equally often, and the order is the same on every machine.
+
+Command line. This module is ALFWorld's descriptor's ``downloader``: ``envrl data alfworld`` is
+built from :data:`HELP`, :func:`add_arguments` and :func:`run` (see ``envrl.cli``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -181,3 +186,35 @@ def verify(path: Path) -> dict[str, int]:
     if short:
         raise OfficialDataError(f"incomplete official data in {root}: {short} games (expected {RELEASE_GAME_COUNTS})")
     return counts
+
+
+# ---- command line: envrl data alfworld -----------------------------------------------------
+
+#: the line ``envrl data --help`` shows for ``envrl data alfworld``
+HELP = "the official ALFWorld games"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``envrl data alfworld``."""
+    parser.add_argument("--download", action="store_true", help="download it")
+    parser.add_argument("--dest", default=None, help="where to put it (default $ALFWORLD_DATA, else ~/.cache/alfworld)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``envrl data alfworld --download``: fetch the games and say how to use them. 0 when they
+    are in place, 1 when the download failed (one line: network, disk, checksum), 2 without
+    ``--download``, 130 when interrupted."""
+    prog = f"envrl data {args.dataset}"
+    if not args.download:
+        print(f"{prog}: error: nothing to do; pass --download to fetch the dataset", file=sys.stderr)
+        return 2
+    dest = Path(args.dest or os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "alfworld")
+    try:
+        dest = download(dest)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # network, disk, checksum: one line, not a traceback
+        print(f"{prog}: error: download failed: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
+        return 1
+    print(f"ALFWorld data in {dest}; use it with: export ALFWORLD_DATA={dest}")
+    return 0
