@@ -34,10 +34,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envrl.envs import ENVIRONMENTS, env_id  # noqa: E402
+from envrl.envs import ENVIRONMENTS, REGISTRY, env_id  # noqa: E402
+from envrl.envs.descriptor import EnvDescriptor  # noqa: E402
 from envrl.envs.vector import make_vec  # noqa: E402
 
-#: env -> (gym.make kwargs, default env steps per configuration)
+#: env -> (gym.make kwargs, default env steps per configuration): this benchmark's choices (a
+#: split whose tasks are ready to play, steps enough for a steady rate), checked against the
+#: registry below; an env not named here plays its default split for DEFAULT_SETTING's steps
 SETTINGS = {
     "alfworld": ({"split": "valid_seen"}, 400),
     "webshop": ({"split": "test"}, 3000),
@@ -45,6 +48,24 @@ SETTINGS = {
     "textworld": ({"split": "valid"}, 2000),
 }
 DEFAULT_SETTING = ({}, 1000)
+
+
+def check_settings(settings: dict[str, tuple[dict, int]], registry: dict[str, EnvDescriptor] = REGISTRY) -> None:
+    """Refuse, in one sentence, a setting for an env the registry does not hold or a split the env
+    lacks: a renamed env or split would otherwise drop out of the table or fail mid-run."""
+    for env, (kwargs, _) in settings.items():
+        if env not in registry:
+            raise ValueError(
+                f"vector_scaling SETTINGS names {env!r}, which is not a registered env ({', '.join(registry)})"
+            )
+        split = kwargs.get("split")
+        if split is not None and split not in registry[env].splits:
+            raise ValueError(
+                f"vector_scaling SETTINGS plays {env!r} on split {split!r}, which it lacks ({', '.join(registry[env].splits)})"
+            )
+
+
+check_settings(SETTINGS)
 POOLED_ID = "vector_scaling:vector_scaling/Pooled-v0"
 
 
