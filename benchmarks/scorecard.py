@@ -630,9 +630,7 @@ def pending(cells: Sequence[Cell], finished: dict[str, dict[str, Any]], paths: P
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument(
-        "--methods", nargs="+", default=list(ALL_METHODS), choices=list(ALL_METHODS)
-    )
+    parser.add_argument("--methods", nargs="+", default=list(ALL_METHODS), choices=list(ALL_METHODS))
     parser.add_argument("--diagnostics", nargs="+", default=list(DIFFICULTIES), choices=list(DIFFICULTIES))
     parser.add_argument(
         "--value", action="append", default=[], metavar="DIAG=V[,V]", help="override a diagnostic's difficulties"

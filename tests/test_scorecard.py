@@ -75,7 +75,14 @@ def test_a_failed_cell_is_named_and_the_rest_of_the_table_stands(scorecard):
         table,
         [compare],
         list(checks.values()),
-        {"command": "x", "seeds": 3, "wall_minutes": 1.0, "training_minutes": 2.0, "workers": 2, "budget": {"eval_episodes": 10}},
+        {
+            "command": "x",
+            "seeds": 3,
+            "wall_minutes": 1.0,
+            "training_minutes": 2.0,
+            "workers": 2,
+            "budget": {"eval_episodes": 10},
+        },
     )
     assert "| sft | 90 [90, 90] (1 failed) (2 seeds) |" in text
     assert "| gigpo - grpo | diag-chain 1 | -30.0 [" in text and "**resolved**" in text
