@@ -21,7 +21,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from envrl.agents.prompts import Turn  # noqa: E402
-from envrl.training.algorithms import ALGORITHMS, ENVRL, ENVRLConfig, algorithm_class  # noqa: E402
+from envrl.training.algorithms import (  # noqa: E402
+    ALGORITHMS,
+    ENVRL,
+    GRPO,
+    GRPO_FAMILY,
+    RLOO,
+    ENVRLConfig,
+    GRPOConfig,
+    algorithm_class,
+)
 from envrl.training.algorithms.envrl import aux_weight, pick_transitions, transition_steps  # noqa: E402
 from envrl.training.config import ConfigError, PolicyConfig, build_config  # noqa: E402
 from envrl.training.loop import Trainer  # noqa: E402
@@ -448,13 +457,22 @@ def _checked(*sets: str):
         (["algorithm.id_coef=.nan"], r"^algorithm.id_coef must be a number >= 0, got nan$"),
         (["algorithm.aux_fraction=0"], r"^algorithm.aux_fraction must lie in \(0, 1\], got 0.0$"),
         (["algorithm.aux_fraction=1.5"], r"^algorithm.aux_fraction must lie in \(0, 1\], got 1.5$"),
-        (["algorithm.base=ppo"], r"^algorithm.base must be grpo or gigpo, got 'ppo'$"),
+        (["algorithm.base=ppo"], r"^algorithm.base must be one of grpo, gigpo, rloo, got 'ppo'$"),
         (["algorithm.decay=linear"], r"^algorithm.decay must be cosine or constant, got 'linear'$"),
         (
             ["algorithm.sp=false", "algorithm.id=false", "algorithm.base=gigpo"],
             r"^algorithm.sp and algorithm.id are both off, and that is the base algorithm: run --algo gigpo$",
         ),
-        (["algorithm.omega=0.5"], r"^algorithm.omega is a GiGPO setting and algorithm.base is grpo: set algorithm"),
+        (
+            ["algorithm.omega=0.5"],
+            r"^algorithm.omega is a setting of gigpo only and algorithm.base is grpo: "
+            r"set algorithm.base=gigpo to use it, or leave it at 1.0$",
+        ),
+        (
+            ["algorithm.base=rloo", "algorithm.norm=mean"],
+            r"^algorithm.norm is a setting of grpo and gigpo only and algorithm.base is rloo: "
+            r"set algorithm.base=grpo to use it, or leave it at 'mean_std'$",
+        ),
         (["algorithm.id_template=world-model"], r"id_template must be a template of kind inverse-dynamics"),
         (["rollout.group_size=1"], r"group_size must be at least 2, got 1"),  # the base algorithm's own check
     ],
@@ -478,12 +496,48 @@ def test_settings_of_either_base_are_taken() -> None:
     assert ALGORITHMS["envrl"] is ENVRL
 
 
+def test_rloo_is_a_base_and_its_advantages_are_used() -> None:
+    config = _checked("algorithm.base=rloo", "algorithm.clip_eps=0.3")
+    base = ENVRL(config.algorithm).base
+    assert isinstance(base, RLOO) and base.config is config.algorithm and base.config.clip_eps == 0.3
+    returns = [1.0, 0.0, 0.0, 1.0]  # one group of four one-step trajectories
+    samples = [SimpleNamespace(reward=r, valid=True, group_id=0, trajectory_id=i) for i, r in enumerate(returns)]
+    assert base.advantages(samples) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])  # leave-one-out, not GRPO's
+
+
+def test_every_grpo_family_trainer_is_a_base(monkeypatch) -> None:
+    """A trainer added to GRPO_FAMILY is a valid base at once; one whose settings ENVRLConfig
+    cannot hold is refused by name rather than failing mid-run."""
+    for name in GRPO_FAMILY:
+        assert ENVRL(_checked(f"algorithm.base={name}").algorithm).base.name == name
+
+    class Toy(GRPO):
+        name = "toy"
+
+    @dataclasses.dataclass
+    class WideConfig(GRPOConfig):
+        beta: float = 1.0
+
+    class Wide(GRPO):
+        name = "wide"
+        Config = WideConfig
+
+    monkeypatch.setitem(GRPO_FAMILY, "toy", Toy)
+    monkeypatch.setitem(GRPO_FAMILY, "wide", Wide)
+    assert isinstance(ENVRL(_checked("algorithm.base=toy").algorithm).base, Toy)
+    with pytest.raises(
+        ConfigError, match=r"^algorithm.base=wide reads settings ENVRLConfig lacks \(beta\): add them to ENVRLConfig$"
+    ):
+        _checked("algorithm.base=wide")
+
+
 # ---- one tiny iteration per env -----------------------------------------------------------------
 
 # choose mode: the tiny random model's generated responses are rarely format-valid, and only
 # format-valid steps are transitions; every env's pair costs a run (~5 s): TextWorld by default
 TINY_RUNS = [
     pytest.param("textworld", "grpo"),
+    pytest.param("textworld", "rloo", marks=pytest.mark.slow),
     pytest.param("alfworld", "gigpo", marks=pytest.mark.slow),
     pytest.param("webshop", "grpo", marks=pytest.mark.slow),
     pytest.param("scienceworld", "gigpo", marks=pytest.mark.slow),

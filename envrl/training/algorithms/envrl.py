@@ -1,7 +1,9 @@
-"""ENVRL: GRPO or GiGPO, plus the env's dynamics learned by the policy's own model on the same rollouts.
+"""ENVRL: GRPO, GiGPO or RLOO, plus the env's dynamics learned by the policy's own model on the same rollouts.
 
-The rollout batch of the base algorithm (``algorithm.base``: :mod:`~envrl.training.algorithms.grpo`
-or :mod:`~envrl.training.algorithms.gigpo`) already holds transitions ``(s_t, a_t, s_{t+1})``.
+The rollout batch of the base algorithm (``algorithm.base``: any trainer of
+:data:`~envrl.training.algorithms.grpo_family.GRPO_FAMILY`, i.e. :mod:`~envrl.training.algorithms.grpo`,
+:mod:`~envrl.training.algorithms.gigpo` or :mod:`~envrl.training.algorithms.rloo`) already holds
+transitions ``(s_t, a_t, s_{t+1})``.
 ENVRL adds two token cross-entropies on them to the base algorithm's loss, with no extra
 sampling and no separate model:
 
@@ -80,10 +82,11 @@ Weighting
 
 Configuration
     :class:`ENVRLConfig` extends :class:`~envrl.training.algorithms.gigpo.GiGPOConfig` (a superset
-    of GRPO's), so one flat dataclass takes every key of either base from YAML and
+    of GRPO's and RLOO's), so one flat dataclass takes every key of every base from YAML and
     ``--set algorithm.KEY=VALUE``; the base algorithm runs on this very config object (it reads
-    only its own keys). With ``base: grpo`` the GiGPO-only keys (``omega``, ``gamma``) must keep
-    their defaults: a changed one would otherwise be silently ignored. ``sp: false``,
+    only its own keys). A base's key that the chosen base does not read must keep its default
+    (with ``base: grpo`` GiGPO's ``omega`` and ``gamma``; with ``base: rloo`` GRPO's ``norm`` and
+    ``episode_stats`` too): a changed one would otherwise be silently ignored. ``sp: false``,
     ``id: false``, ``decay: constant`` and ``aux_fraction`` are the ablations.
 
 Logged per update: the base algorithm's terms (``loss/policy``, ``ppo/*``, ``entropy``, ``kl``),
@@ -105,8 +108,9 @@ import torch
 
 from envrl.agents.prompts import TemplateError
 from envrl.training.algorithms.base import Algorithm, Batch, TrainingContext
-from envrl.training.algorithms.gigpo import GiGPO, GiGPOConfig
-from envrl.training.algorithms.grpo import GRPO, GRPOConfig
+from envrl.training.algorithms.gigpo import GiGPOConfig
+from envrl.training.algorithms.grpo import GRPO
+from envrl.training.algorithms.grpo_family import GRPO_FAMILY
 from envrl.training.config import ConfigError
 from envrl.training.dynamics import (
     AnyWorldModelTemplate,
@@ -118,8 +122,8 @@ from envrl.training.dynamics import (
 from envrl.training.policy import scored_units
 from envrl.training.rollout import StepSample
 
-#: the base algorithms, by ``algorithm.base``
-BASES: dict[str, type[GRPO]] = {"grpo": GRPO, "gigpo": GiGPO}
+#: the base algorithms, by ``algorithm.base``: every trainer built on GRPO
+BASES: Mapping[str, type[GRPO]] = GRPO_FAMILY
 DECAYS = ("cosine", "constant")
 #: the seed stream of the transitions' draw (see the module docstring)
 _AUX_STREAM = 3
@@ -127,9 +131,9 @@ _AUX_STREAM = 3
 
 @dataclass
 class ENVRLConfig(GiGPOConfig):
-    """The base algorithm's settings (GiGPO's, a superset of GRPO's) and the auxiliary losses'."""
+    """Every base algorithm's settings (GiGPO's, which hold GRPO's and RLOO's) and the auxiliary losses'."""
 
-    base: str = "grpo"  # grpo or gigpo
+    base: str = "grpo"  # a name in BASES: grpo, gigpo or rloo
     sp: bool = True  # state prediction, -log p(s' | s, a)
     id: bool = True  # inverse dynamics, -log p(a | s, s')
     # start weights, from the CPU sweep (docs/envrl.md section 4; tiny from-scratch model, choose mode):
@@ -279,6 +283,30 @@ OBJECTIVES: tuple[Objective, ...] = (
 )
 
 
+def _setting_names(config_class: type) -> set[str]:
+    """The keys of a config dataclass."""
+    return {f.name for f in fields(config_class)}
+
+
+def _unread_base_setting(config: ENVRLConfig) -> str:
+    """Why ``config`` cannot run on its base, in one sentence ('' when it can): the base reads a
+    key ENVRLConfig lacks (it must be added there), or a key that only other bases read was
+    changed from its default (the chosen base would silently ignore it)."""
+    base = BASES[config.base]
+    lacking = sorted(_setting_names(base.Config) - _setting_names(ENVRLConfig))
+    if lacking:
+        missing = ", ".join(lacking)
+        return f"algorithm.base={config.base} reads settings ENVRLConfig lacks ({missing}): add them to ENVRLConfig"
+    for f in fields(ENVRLConfig):
+        readers = [name for name, algo in BASES.items() if f.name in _setting_names(algo.Config)]
+        if readers and config.base not in readers and getattr(config, f.name) != f.default:
+            return (
+                f"algorithm.{f.name} is a setting of {' and '.join(readers)} only and algorithm.base is "
+                f"{config.base}: set algorithm.base={readers[0]} to use it, or leave it at {f.default!r}"
+            )
+    return ""
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -298,7 +326,7 @@ class ENVRL(Algorithm):
     def base(self) -> GRPO:
         """The base algorithm, running on this config (it reads its own keys only)."""
         if self.config.base not in BASES:
-            raise ConfigError(f"algorithm.base must be grpo or gigpo, got {self.config.base!r}")
+            raise ConfigError(f"algorithm.base must be one of {', '.join(BASES)}, got {self.config.base!r}")
         return BASES[self.config.base](self.config)
 
     @property
@@ -337,14 +365,9 @@ class ENVRL(Algorithm):
             switches = " and ".join(f"algorithm.{row.switch}" for row in self.objectives)
             every = "both" if len(self.objectives) == 2 else "all"
             raise ConfigError(f"{switches} are {every} off, and that is the base algorithm: run --algo {c.base}")
-        if c.base == "grpo":
-            grpo_keys = {f.name for f in fields(GRPOConfig)}
-            for f in fields(GiGPOConfig):
-                if f.name not in grpo_keys and getattr(c, f.name) != f.default:
-                    raise ConfigError(
-                        f"algorithm.{f.name} is a GiGPO setting and algorithm.base is grpo: "
-                        f"set algorithm.base=gigpo to use it"
-                    )
+        problem = _unread_base_setting(c)
+        if problem:
+            raise ConfigError(problem)
         for kind in self.kinds:
             self.template(kind)
         base.check(train_config)
