@@ -128,6 +128,33 @@ class Budget:
     choose_score: str = "sum"  # how choose mode scores a candidate: sum or mean of its token log-probs
 
 
+#: the Budget fields each method reads (its ``--set`` items, the data it trains on, where it starts);
+#: every cell also reads :data:`EVAL_FIELDS`. A cell's result records these values, so a changed
+#: field reruns exactly the cells that read it.
+SUPERVISED_FIELDS = ("sft_updates", "sft_lr", "expert_episodes")
+RL_FIELDS = ("rl_updates", "rl_lr", "groups", "group_size")
+READS: dict[str, tuple[str, ...]] = {
+    "sft": SUPERVISED_FIELDS,
+    "iwm": (*SUPERVISED_FIELDS, "world_model_updates", "alternatives"),
+    "sr": (*SUPERVISED_FIELDS, "alternatives"),
+    "grpo": RL_FIELDS,
+    "gigpo": RL_FIELDS,
+    "envrl": (*RL_FIELDS, "sp_coef", "id_coef"),
+}
+EVAL_FIELDS = ("eval_episodes", "choose_score")
+
+
+def cell_budget(method: str, budget: Budget | dict[str, Any]) -> dict[str, Any]:
+    """The values of the Budget fields a ``method`` cell reads: its own, and for ``grpo-from-*``
+    those of the cell whose checkpoint it starts from."""
+    if method in FROM_CHECKPOINT:
+        fields = (*READS["grpo"], *READS[FROM_CHECKPOINT[method]])
+    else:
+        fields = READS["envrl" if method in ENVRL_ABLATIONS else method]
+    values = budget if isinstance(budget, dict) else budget.__dict__
+    return {name: values.get(name) for name in sorted({*fields, *EVAL_FIELDS})}
+
+
 @dataclass(frozen=True)
 class Cell:
     method: str
@@ -246,7 +273,11 @@ def run_cell(cell: Cell, paths: Paths) -> dict[str, Any]:
     from envrl.training.loop import train
 
     began = time.perf_counter()
-    result: dict[str, Any] = {"cell": cell.__dict__ | {"splits": list(cell.splits)}, "status": "ok"}
+    result: dict[str, Any] = {
+        "cell": cell.__dict__ | {"splits": list(cell.splits)},
+        "budget": cell_budget(cell.method, paths.budget),
+        "status": "ok",
+    }
     try:
         if cell.method in ("iwm", "sr"):
             build_early_experience_for(cell, paths)
@@ -597,21 +628,26 @@ def finished_cells(cells: Sequence[Cell], paths: Paths) -> dict[str, dict[str, A
     """The results already there, by cell: each cell's file, else its entry in ``scorecard.json``.
 
     The per-cell files are not committed, the table is: a fresh clone that reruns the scorecard
-    resumes from the committed record and trains only the cells it lacks. The record counts only
-    when its budget is this run's (a changed budget reruns everything)."""
+    resumes from the committed record and trains only the cells it lacks. A result counts only
+    when the Budget fields its cell reads (:func:`cell_budget`) have this run's values, so a
+    changed field reruns the cells that read it and keeps the others. A recorded cell without its
+    own ``budget`` (records before it was kept per cell) has the record's ``meta.budget``."""
     recorded: dict[str, dict[str, Any]] = {}
     table = paths.out / "scorecard.json"
     if table.is_file():
         saved = json.loads(table.read_text())
-        if saved.get("meta", {}).get("budget") == paths.budget.__dict__:
-            recorded = {json.dumps(r["cell"], sort_keys=True): r for r in saved.get("cells", [])}
+        for r in saved.get("cells", []):
+            if "budget" not in r:
+                r = r | {"budget": cell_budget(r["cell"]["method"], saved.get("meta", {}).get("budget", {}))}
+            recorded[json.dumps(r["cell"], sort_keys=True)] = r
     finished = {}
     for cell in cells:
         key, path = cell_key(cell), paths.cell_file(cell)
-        if path.is_file():
-            finished[key] = json.loads(path.read_text())
-        elif key in recorded:
-            finished[key] = recorded[key]
+        candidates = [json.loads(path.read_text())] if path.is_file() else []
+        wanted = cell_budget(cell.method, paths.budget)
+        found = [r for r in [*candidates, recorded.get(key)] if r is not None and r.get("budget") == wanted]
+        if found:
+            finished[key] = found[0]
     return finished
 
 

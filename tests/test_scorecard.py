@@ -113,7 +113,7 @@ def test_the_grid_runs_the_easiest_level_of_every_diagnostic_first(scorecard):
 def test_a_rerun_resumes_from_the_committed_record_and_retrains_a_lost_checkpoint(scorecard, tmp_path):
     """The committed scorecard.json stands in for the per-cell files a fresh clone lacks; a
     grpo-from-sft cell still to run brings back the SFT cell whose checkpoint it starts from;
-    a record made under another budget counts for nothing."""
+    a record made under another budget keeps only the cells that do not read the changed field."""
     import json
 
     paths = scorecard.Paths(tmp_path)
@@ -136,9 +136,41 @@ def test_a_rerun_resumes_from_the_committed_record_and_retrains_a_lost_checkpoin
     (checkpoint / "config.json").write_text("{}")
     assert scorecard.pending(cells, finished, paths) == [from_sft]
 
-    table["meta"]["budget"] = paths.budget.__dict__ | {"rl_updates": 1}
+    table["meta"]["budget"] = paths.budget.__dict__ | {"rl_updates": 1}  # the RL cell's budget is not this run's
     (tmp_path / "scorecard.json").write_text(json.dumps(table))
-    assert scorecard.finished_cells(cells, paths) == {}
+    assert sorted(scorecard.finished_cells(cells, paths)) == [scorecard.cell_key(sft)]
+    longer = scorecard.Paths(tmp_path, scorecard.Budget(sft_updates=240))  # now SFT's is not either
+    assert scorecard.finished_cells(cells, longer) == {}
+
+    # a result written by run_cell carries its own budget, which wins over the record's meta
+    record[1]["budget"] = scorecard.cell_budget("grpo", paths.budget)
+    (tmp_path / "scorecard.json").write_text(json.dumps(table))
+    assert sorted(scorecard.finished_cells(cells, paths)) == sorted(scorecard.cell_key(c) for c in (sft, grpo))
+
+
+def test_a_cells_budget_names_every_field_its_training_reads(scorecard, tmp_path):
+    """A Budget field outside a method's :func:`cell_budget` leaves that method's ``--set`` items
+    and update count unchanged, so resuming on the recorded fields never keeps a stale cell. The
+    fields read by the data builders (expert episodes, alternatives per state) are checked by name."""
+    import dataclasses
+
+    base = scorecard.Budget()
+    built_elsewhere = {"expert_episodes", "alternatives"}
+    for method in scorecard.ALL_METHODS:
+        cells = [scorecard.Cell(method, "diag-alternatives", 2, 0)]
+        if method in scorecard.FROM_CHECKPOINT:  # and the cell it starts from
+            cells.append(scorecard.Cell(scorecard.FROM_CHECKPOINT[method], "diag-alternatives", 2, 0))
+        reads = set(scorecard.cell_budget(method, base))
+        before = [scorecard.cell_sets(c, scorecard.Paths(tmp_path, base)) for c in cells]
+        for f in dataclasses.fields(base):
+            value = getattr(base, f.name)
+            other = "mean" if f.name == "choose_score" else value * 2 if value else 1
+            changed_paths = scorecard.Paths(tmp_path, dataclasses.replace(base, **{f.name: other}))
+            changed = [scorecard.cell_sets(c, changed_paths) for c in cells] != before
+            assert changed == (f.name in reads and f.name not in built_elsewhere), (method, f.name)
+        uses_data = method in ("sft", "iwm", "sr") or method in scorecard.FROM_CHECKPOINT
+        assert ("expert_episodes" in reads) == uses_data, method
+        assert ("alternatives" in reads) == (method in ("iwm", "sr", "grpo-from-iwm")), method
 
 
 def test_envrl_ablations_run_on_the_dynamics_task_with_one_setting_changed(scorecard, tmp_path):
