@@ -4,7 +4,7 @@ smallest difficulty and larger ones, 3 seeds, a from-scratch model, on 2 cores.
 Each cell is one training run from scratch and its evaluation on ``valid`` (ID) and ``test_ood``
 (OOD), 60 episodes each, the same 60 tasks for every seed and method:
 
-* ``sft``: the expert's demonstrations of the train split (200 episodes), ``choice`` objective;
+* ``sft``: the expert's demonstrations of the train split (1,000 episodes), ``choice`` objective;
 * ``iwm`` and ``sr``: early experience built from those demonstrations, alternatives proposed by
   the seed's initial checkpoint (the agent's own policy, as in the paper), no reward;
 * ``grpo``, ``gigpo``, ``envrl`` (GRPO + state prediction + inverse dynamics, cosine-decayed):
@@ -110,10 +110,15 @@ class Budget:
     """What one cell trains with. Chosen on ``select`` (seed 0; ``benchmarks/results/scorecard/select``):
     summed candidate scores (with the mean, GRPO from scratch stayed uniform for 40 updates at every
     learning rate tried: 3e-4, 1e-3, 3e-3), RL lr 3e-3 (chain 3 + dynamics 4 on select: 100 + 47
-    against 86 + 53 at 1e-2 and 47 + 46 at 1e-3), 120 SFT updates (60 left dynamics at 71%), ENVRL's
-    start weights SP 0.01 / ID 0.001 (dynamics 4 on select: 61, against 38 at 0.1 / 0.01)."""
+    against 86 + 53 at 1e-2 and 47 + 46 at 1e-3), ENVRL's start weights SP 0.01 / ID 0.001
+    (dynamics 4 on select: 61, against 38 at 0.1 / 0.01), and SFT's 240 updates on 1,000 expert
+    episodes (120 on 200, the first grid's, left alternatives 10 at 64% on select and
+    generalization 4 / 8 at 72 / 64%; 240 on 1,000 reach 100 / 95 / 73, and 100 on every other
+    task). RL's 40 updates leave GRPO and ENVRL at chance on chain 1 (89% on select; 80 updates
+    reach 100): the sanity rule reports that gap, as doubling RL's updates would double the
+    grid's largest cost."""
 
-    sft_updates: int = 120
+    sft_updates: int = 240
     sft_lr: float = 3e-3
     world_model_updates: int = 60  # IWM's first stage, before a full SFT stage of sft_updates
     rl_updates: int = 40
@@ -122,7 +127,7 @@ class Budget:
     group_size: int = 4
     sp_coef: float = 0.01
     id_coef: float = 0.001
-    expert_episodes: int = 200
+    expert_episodes: int = 1000
     alternatives: int = 3  # k: alternatives per expert state (a chain room has only one)
     eval_episodes: int = 60
     choose_score: str = "sum"  # how choose mode scores a candidate: sum or mean of its token log-probs
@@ -181,11 +186,17 @@ class Paths:
     def model(self, seed: int) -> Path:
         return self.out / "models" / f"seed{seed}"
 
+    # the data folders are named by the Budget fields they are built from: a finished folder is
+    # kept and reused, so a changed field must lead to another folder, never to stale data
+
     def expert(self, cell: Cell) -> Path:
-        return self.out / "data" / f"expert-{cell.diagnostic}-{cell.value}"
+        return self.out / "data" / f"expert-{cell.diagnostic}-{cell.value}-e{self.budget.expert_episodes}"
 
     def early_experience(self, cell: Cell) -> Path:
-        return self.out / "data" / f"ee-{cell.diagnostic}-{cell.value}-s{cell.seed}"
+        b = self.budget
+        return (
+            self.out / "data" / f"ee-{cell.diagnostic}-{cell.value}-e{b.expert_episodes}-k{b.alternatives}-s{cell.seed}"
+        )
 
     def run(self, cell: Cell) -> Path:
         return self.out / "runs" / cell.name

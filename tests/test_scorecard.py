@@ -139,7 +139,7 @@ def test_a_rerun_resumes_from_the_committed_record_and_retrains_a_lost_checkpoin
     table["meta"]["budget"] = paths.budget.__dict__ | {"rl_updates": 1}  # the RL cell's budget is not this run's
     (tmp_path / "scorecard.json").write_text(json.dumps(table))
     assert sorted(scorecard.finished_cells(cells, paths)) == [scorecard.cell_key(sft)]
-    longer = scorecard.Paths(tmp_path, scorecard.Budget(sft_updates=240))  # now SFT's is not either
+    longer = scorecard.Paths(tmp_path, scorecard.Budget(sft_updates=2 * paths.budget.sft_updates))  # nor SFT's
     assert scorecard.finished_cells(cells, longer) == {}
 
     # a result written by run_cell carries its own budget, which wins over the record's meta
@@ -167,10 +167,19 @@ def test_a_cells_budget_names_every_field_its_training_reads(scorecard, tmp_path
             other = "mean" if f.name == "choose_score" else value * 2 if value else 1
             changed_paths = scorecard.Paths(tmp_path, dataclasses.replace(base, **{f.name: other}))
             changed = [scorecard.cell_sets(c, changed_paths) for c in cells] != before
-            assert changed == (f.name in reads and f.name not in built_elsewhere), (method, f.name)
+            if f.name not in built_elsewhere:  # those are read by the data builders (below)
+                assert changed == (f.name in reads), (method, f.name)
+            elif f.name not in reads:
+                assert not changed, (method, f.name)
         uses_data = method in ("sft", "iwm", "sr") or method in scorecard.FROM_CHECKPOINT
         assert ("expert_episodes" in reads) == uses_data, method
         assert ("alternatives" in reads) == (method in ("iwm", "sr", "grpo-from-iwm")), method
+    # the data builders' fields name their folders, so a changed field never reuses stale data
+    cell, paths = scorecard.Cell("iwm", "diag-alternatives", 2, 0), scorecard.Paths(tmp_path, base)
+    for name, value in (("expert_episodes", 400), ("alternatives", 2)):
+        changed = scorecard.Paths(tmp_path, dataclasses.replace(base, **{name: value}))
+        assert changed.early_experience(cell) != paths.early_experience(cell)
+        assert (changed.expert(cell) != paths.expert(cell)) == (name == "expert_episodes")
 
 
 def test_envrl_ablations_run_on_the_dynamics_task_with_one_setting_changed(scorecard, tmp_path):
