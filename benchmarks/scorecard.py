@@ -16,6 +16,10 @@ Each cell is one training run from scratch and its evaluation on ``valid`` (ID) 
   (state prediction off, inverse dynamics off, weights held at their start values, half the
   transitions in the auxiliary losses). The largest difficulty is left out for time (its ENVRL
   cells take 4-5 min each).
+* ``grpo-sanity``, ``gigpo-sanity``, ``envrl-sanity`` (the smallest chain only): the RL trainers at
+  ``Budget.sanity_rl_updates`` (80) instead of the grid's 40, so that the first sanity rule tells a
+  trainer that learns slowly from one that does not learn (on select, GRPO and ENVRL sit at
+  chance on chain 1 after 40 updates and reach 100% after 80).
 
 Every policy acts in ``choose`` mode over the admissible actions (candidates scored by their summed
 token log-probabilities) with the ``compact`` template and no history (the diagnostics'
@@ -35,8 +39,9 @@ only (``--select``, which evaluates there and writes ``select.json``); no settin
 looking at ``valid`` or ``test_ood``.
 
 Sanity rules, checked after the run and reported (exit status 1 when one fails): each RL trainer
-learns the smallest chain to >= 90% success (ID) from scratch, and SFT reaches >= 90% of the
-expert (the expert wins 100%) on the ID split of every diagnostic at every difficulty.
+learns the smallest chain to >= 90% success (ID) from scratch, at the grid's budget and at the
+sanity runs' longer one (each rule reported on its own), and SFT reaches >= 90% of the expert (the
+expert wins 100%) on the ID split of every diagnostic at every difficulty.
 
 A cell that fails is recorded with its reason and the rest of the grid runs. Finished cells are
 kept (``cells/*.json``), so an interrupted run resumes, and a later run with more cells adds them.
@@ -85,12 +90,15 @@ ENVRL_ABLATIONS = {
     "envrl-constant": ["algorithm.decay=constant"],
     "envrl-aux0.5": ["algorithm.aux_fraction=0.5"],
 }
+#: the RL trainers at the sanity budget (``Budget.sanity_rl_updates``, the smallest chain only)
+SANITY_RUNS = {f"{method}-sanity": method for method in RL_METHODS}
 #: the methods that run on part of the grid only: method -> (diagnostic, difficulties; None: all)
 RESTRICTED: dict[str, tuple[str, tuple[int, ...] | None]] = {
     **{method: ("diag-alternatives", None) for method in FROM_CHECKPOINT},
     **{method: ("diag-dynamics", (2, 4)) for method in ENVRL_ABLATIONS},
+    **{method: ("diag-chain", (1,)) for method in SANITY_RUNS},
 }
-ALL_METHODS = (*METHODS, *FROM_CHECKPOINT, *ENVRL_ABLATIONS)
+ALL_METHODS = (*METHODS, *FROM_CHECKPOINT, *ENVRL_ABLATIONS, *SANITY_RUNS)
 SPLITS = {"ID": "valid", "OOD": "test_ood"}
 #: SR's template: ``compact`` with a thought (in choose mode the thought is empty at act time)
 THINK_TEMPLATE = Path(__file__).resolve().parent / "configs" / "compact_think.json"
@@ -122,6 +130,7 @@ class Budget:
     sft_lr: float = 3e-3
     world_model_updates: int = 60  # IWM's first stage, before a full SFT stage of sft_updates
     rl_updates: int = 40
+    sanity_rl_updates: int = 80  # the sanity runs' (chain 1 only)
     rl_lr: float = 3e-3
     groups: int = 8
     group_size: int = 4
@@ -154,8 +163,10 @@ def cell_budget(method: str, budget: Budget | dict[str, Any]) -> dict[str, Any]:
     those of the cell whose checkpoint it starts from."""
     if method in FROM_CHECKPOINT:
         fields = (*READS["grpo"], *READS[FROM_CHECKPOINT[method]])
+    elif method in SANITY_RUNS:
+        fields = (*(f for f in READS[SANITY_RUNS[method]] if f != "rl_updates"), "sanity_rl_updates")
     else:
-        fields = READS["envrl" if method in ENVRL_ABLATIONS else method]
+        fields = READS[trainer(method)]
     values = budget if isinstance(budget, dict) else budget.__dict__
     return {name: values.get(name) for name in sorted({*fields, *EVAL_FIELDS})}
 
@@ -252,7 +263,7 @@ def cell_sets(cell: Cell, paths: Paths) -> tuple[str, list[str], int]:
     if method in FROM_CHECKPOINT:
         source = Cell(FROM_CHECKPOINT[method], cell.diagnostic, cell.value, cell.seed)
         start = paths.checkpoint(source, cell_sets(source, paths)[2])
-    algo = "grpo" if method in FROM_CHECKPOINT else "envrl" if method in ENVRL_ABLATIONS else method
+    algo = trainer(method)
     sets = shared + [
         f"policy.model={start}",
         f"rollout.env_kwargs={kwargs}",
@@ -266,7 +277,16 @@ def cell_sets(cell: Cell, paths: Paths) -> tuple[str, list[str], int]:
     if algo == "envrl":
         sets += ["algorithm.base=grpo", f"algorithm.sp_coef={b.sp_coef}", f"algorithm.id_coef={b.id_coef}"]
         sets += ENVRL_ABLATIONS.get(method, [])
-    return algo, sets, b.rl_updates
+    return algo, sets, b.sanity_rl_updates if method in SANITY_RUNS else b.rl_updates
+
+
+def trainer(method: str) -> str:
+    """The algorithm a method trains with (``grpo-from-sft`` is GRPO, ``envrl-no-id`` ENVRL, ...)."""
+    if method in FROM_CHECKPOINT:
+        return "grpo"
+    if method in ENVRL_ABLATIONS:
+        return "envrl"
+    return SANITY_RUNS.get(method, method)
 
 
 def one_thread() -> None:
@@ -463,16 +483,18 @@ def comparisons(table: dict[str, Any], seeds: Sequence[int]) -> list[dict[str, A
     return out
 
 
-def sanity(table: dict[str, Any]) -> list[dict[str, Any]]:
+def sanity(table: dict[str, Any], budget: Budget | None = None) -> list[dict[str, Any]]:
     """The two sanity rules of the module docstring, each checked cell by cell (cells this grid
     did not run are left out)."""
+    b = budget or Budget()
     smallest = DIFFICULTIES["diag-chain"][1][0]
-    checks = [
-        check(
-            f"{method} learns diag-chain length {smallest} to >= 90% (ID)", table.get(f"{method}/diag-chain/{smallest}")
-        )
-        for method in RL_METHODS
-    ]
+    checks = []
+    for method in RL_METHODS:
+        rule = f"{method} learns diag-chain length {smallest} to >= 90% (ID)"
+        checks.append(check(f"{rule} in {b.rl_updates} updates", table.get(f"{method}/diag-chain/{smallest}")))
+    for method, base in SANITY_RUNS.items():
+        rule = f"{base} learns diag-chain length {smallest} to >= 90% (ID) in {b.sanity_rl_updates} updates"
+        checks.append(check(rule, table.get(f"{method}/diag-chain/{smallest}")))
     for diagnostic, (_, values) in DIFFICULTIES.items():
         for value in values:
             rule = f"sft reaches >= 90% of the expert (100%) on {diagnostic} {value} (ID)"
@@ -759,7 +781,7 @@ def write(results: list[dict[str, Any]], args: argparse.Namespace, paths: Paths,
             print(key, {s: v for s, v in entry["seeds"].items()}, entry["failed"] or "")
         return
     compare = comparisons(table, seeds)
-    checks = sanity(table)
+    checks = sanity(table, paths.budget)
     (paths.out / "scorecard.json").write_text(
         json.dumps({"meta": meta, "table": table, "comparisons": compare, "sanity": checks, "cells": results}, indent=2)
     )

@@ -86,7 +86,33 @@ def test_a_failed_cell_is_named_and_the_rest_of_the_table_stands(scorecard):
     )
     assert "| sft | 90 [90, 90] (1 failed) (2 seeds) |" in text
     assert "| gigpo - grpo | diag-chain 1 | -30.0 [" in text and "**resolved**" in text
-    assert "- FAIL: gigpo learns diag-chain length 1 to >= 90% (ID) (got 70)" in text
+    assert "- FAIL: gigpo learns diag-chain length 1 to >= 90% (ID) in 40 updates (got 70)" in text
+
+
+def test_the_sanity_runs_are_the_rl_cells_of_chain_1_at_the_longer_budget(scorecard, tmp_path):
+    """``grpo-sanity`` is the grid's GRPO cell on chain 1 with ``sanity_rl_updates`` updates and
+    nothing else changed; its rule is reported beside the grid-budget one, each on its own."""
+    args = argparse.Namespace(
+        select=False, values={}, diagnostics=list(scorecard.DIFFICULTIES), seeds=[0], methods=["envrl-sanity"]
+    )
+    assert [(c.diagnostic, c.value) for c in scorecard.grid(args)] == [("diag-chain", 1)]
+    paths = scorecard.Paths(tmp_path)
+    for method, base in scorecard.SANITY_RUNS.items():
+        algo, sets, updates = scorecard.cell_sets(scorecard.Cell(method, "diag-chain", 1, 0), paths)
+        base_algo, base_sets, base_updates = scorecard.cell_sets(scorecard.Cell(base, "diag-chain", 1, 0), paths)
+        differ = {s for s in sets if not s.startswith(("out=", "name="))} ^ {
+            s for s in base_sets if not s.startswith(("out=", "name="))
+        }
+        assert (algo, updates, base_updates, differ) == (base_algo, 80, 40, set())
+    table = scorecard.summarise(
+        [result(m, "diag-chain", 1, s, v, 5) for m, v in (("grpo", 8), ("grpo-sanity", 10)) for s in (0, 1, 2)],
+        [0, 1, 2],
+    )
+    rules = {c["rule"]: c["status"] for c in scorecard.sanity(table)}
+    assert rules == {
+        "grpo learns diag-chain length 1 to >= 90% (ID) in 40 updates": "FAIL",
+        "grpo learns diag-chain length 1 to >= 90% (ID) in 80 updates": "pass",
+    }
 
 
 def test_a_cell_that_cannot_start_is_recorded_as_failed(scorecard, tmp_path):
