@@ -458,12 +458,10 @@ def comparisons(table: dict[str, Any], seeds: Sequence[int]) -> list[dict[str, A
                 wanted.append(("gigpo", "grpo", diagnostic, value))
             wanted.append(("envrl", "grpo", diagnostic, value))
             wanted += [(m, "envrl", diagnostic, value) for m in ENVRL_ABLATIONS if runs_on(m, diagnostic, value)]
+            # early experience against its imitation baseline everywhere (its own task is alternatives)
+            wanted += [("iwm", "sft", diagnostic, value), ("sr", "sft", diagnostic, value)]
             if diagnostic == "diag-alternatives":
-                wanted += [
-                    ("iwm", "sft", diagnostic, value),
-                    ("sr", "sft", diagnostic, value),
-                    ("grpo-from-iwm", "grpo-from-sft", diagnostic, value),
-                ]
+                wanted.append(("grpo-from-iwm", "grpo-from-sft", diagnostic, value))
     out = []
     for a, b, diagnostic, value in wanted:
         ea, eb = table.get(f"{a}/{diagnostic}/{value}"), table.get(f"{b}/{diagnostic}/{value}")
