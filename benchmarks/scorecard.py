@@ -674,11 +674,11 @@ def finished_cells(cells: Sequence[Cell], paths: Paths) -> dict[str, dict[str, A
     finished = {}
     for cell in cells:
         key, path = cell_key(cell), paths.cell_file(cell)
-        candidates = [json.loads(path.read_text())] if path.is_file() else []
         wanted = cell_budget(cell.method, paths.budget)
-        found = [r for r in [*candidates, recorded.get(key)] if r is not None and r.get("budget") == wanted]
-        if found:
-            finished[key] = found[0]
+        for found in (json.loads(path.read_text()) if path.is_file() else None, recorded.get(key)):
+            if found is not None and found.get("budget") == wanted:  # the cell's own file first
+                finished[key] = found
+                break
     return finished
 
 
